@@ -1,0 +1,46 @@
+# Studio: `make run` serves it, `make test` runs the whole suite.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+# The services pass: PostgreSQL and Redis on this machine.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
+PYTEST_ARGS ?=
+
+.PHONY: run test lint fmt
+
+$(VENV)/.runtime: requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit("Studio needs Python 3.11+") if sys.version_info < (3, 11) else None'
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
+	$(VENV)/bin/pip install -q -r requirements-dev.txt
+	touch $@
+
+run: $(VENV)/.runtime
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py ensure_login
+	$(PY) manage.py collectstatic --noinput -v 0
+	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) studio.asgi:application
+
+test: $(VENV)/.dev
+	./scripts/ensure-chromium
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	@echo "== pass 1: SQLite + in-memory channel layer, browser tests included"
+	env -u DATABASE_URL -u REDIS_URL $(PY) -m pytest -m "not services" $(PYTEST_ARGS)
+	@echo "== pass 2: PostgreSQL + Redis ($(TEST_DATABASE_URL), $(TEST_REDIS_URL))"
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -m "services or anydb" $(PYTEST_ARGS)
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+fmt: $(VENV)/.dev
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .

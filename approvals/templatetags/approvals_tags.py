@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import json
+
+from django import template
+
+register = template.Library()
+
+# Arguments shown as code blocks rather than JSON values.
+CODE_ARGUMENTS = {"code", "command", "script", "source"}
+ICONS = {"python": "🐍", "terminal": "⌨", "web_fetch": "🌐"}
+
+
+@register.filter
+def display_arguments(arguments: object) -> list[dict]:
+    if not isinstance(arguments, dict):
+        return [{"name": "arguments", "value": json.dumps(arguments, indent=2), "code": False}]
+    rows = []
+    for name, value in arguments.items():
+        if isinstance(value, str):
+            rows.append({"name": name, "value": value, "code": name in CODE_ARGUMENTS})
+        else:
+            text = json.dumps(value, indent=2, ensure_ascii=False)
+            rows.append({"name": name, "value": text, "code": False})
+    return rows
+
+
+@register.filter
+def tool_icon(tool_name: str) -> str:
+    return ICONS.get(tool_name, "🔧")

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from approvals.services import ApprovalNotFound, InvalidDecision, approval_decide
+from studio.http import HtmxHttpRequest, wants_json
+
+
+@require_POST
+@login_required
+def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
+    """Record Allow / Always allow / Deny; the first decision wins (409 after)."""
+    try:
+        result = approval_decide(
+            approval_id=approval_id,
+            user=request.user,
+            decision=request.POST.get("decision", ""),
+            note=request.POST.get("note", ""),
+        )
+    except ApprovalNotFound:
+        raise Http404("No such approval.") from None
+    except InvalidDecision as exc:
+        if wants_json(request):
+            return JsonResponse({"error": str(exc)}, status=400)
+        return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
+
+    approval = result.approval
+    status = 200 if result.resolved else 409
+    if wants_json(request):
+        return JsonResponse(
+            {"resolved": result.resolved, "status": approval.status, "reason": approval.reason},
+            status=status,
+        )
+    if request.htmx:
+        response = HttpResponse(result.card_html, status=status)
+        if not result.resolved:
+            # htmx ignores 4xx bodies by default; the card tells the user why.
+            response["HX-Reswap"] = "outerHTML"
+        return response
+    if result.resolved:
+        return redirect(approval.conversation)
+    return render(
+        request,
+        "approvals/already_decided.html",
+        {"approval": approval, "card_html": result.card_html},
+        status=409,
+    )

@@ -1,0 +1,193 @@
+"""Studio settings, read from the environment (see README.md for every variable)."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from studio.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("DJANGO_DEBUG", True)
+
+
+def _secret_key() -> str:
+    key = env_str("DJANGO_SECRET_KEY")
+    if key:
+        return key
+    if not DEBUG:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY is required when DJANGO_DEBUG=False")
+    # Development: generate one key once and keep it in an ignored file, so
+    # sessions survive restarts without anyone committing a secret.
+    path = BASE_DIR / ".secret_key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        key = secrets.token_urlsafe(50)
+        path.write_text(key)
+        path.chmod(0o600)
+        return key
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "template_partials",
+    "chat",
+    "approvals",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
+]
+
+ROOT_URLCONF = "studio.urls"
+ASGI_APPLICATION = "studio.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# Database: SQLite file by default, anything dj-database-url reads otherwise.
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    try:
+        _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
+    except Exception as exc:  # dj-database-url raises a bare ValueError/KeyError
+        raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL: {exc}") from None
+else:
+    _db = {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "db.sqlite3"}
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # IMMEDIATE takes the write lock at BEGIN, so racing writers queue on the
+    # timeout instead of failing with "database is locked" on upgrade.
+    _db.setdefault("OPTIONS", {}).update(
+        {"transaction_mode": "IMMEDIATE", "timeout": env_float("STUDIO_SQLITE_TIMEOUT", 20)}
+    )
+    # Tests use a file, not shared-cache memory: threads and child processes
+    # must see the same database and honour the busy timeout.
+    _db["TEST"] = {
+        "NAME": str(BASE_DIR / f".test-{env_str('STUDIO_TEST_DB_SUFFIX', 'db')}.sqlite3")
+    }
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Channel layer: in-memory for one process, Redis for several.
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                # redis-py 8 defaults to a 5 s socket timeout, which kills
+                # every idle receive(); None waits as long as needed.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
+                # One capacity is shared by all of a process's sockets.
+                "capacity": env_int("STUDIO_CHANNEL_CAPACITY", 5000, minimum=100),
+                "expiry": 60,
+                "group_expiry": 24 * 3600,
+            },
+        }
+    }
+else:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": env_int("STUDIO_CHANNEL_CAPACITY", 5000, minimum=100)},
+        }
+    }
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "chat:index"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("STUDIO_TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+# WhiteNoise serves from the finders when DEBUG (no collectstatic needed) and
+# from STATIC_ROOT in production; `make run` collects either way.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# Behind an HTTPS proxy: secure cookies and trust its X-Forwarded-Proto.
+if env_bool("STUDIO_HTTPS", False):
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_HSTS_SECONDS = env_int("STUDIO_HSTS_SECONDS", 0, minimum=0)
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("STUDIO_LOG_LEVEL", "WARNING")},
+}
+
+# Studio
+STUDIO_APPROVAL_TIMEOUT = env_float("STUDIO_APPROVAL_TIMEOUT", 3600, minimum=0.01)
+STUDIO_APPROVAL_POLL_SECONDS = env_float("STUDIO_APPROVAL_POLL_SECONDS", 2, minimum=0.01)
+STUDIO_NOTE_MAX_LENGTH = 2000
+# Tools the admin lets run without a prompt for everybody (still recorded).
+STUDIO_AUTO_ALLOW_TOOLS = env_list("STUDIO_AUTO_ALLOW_TOOLS", [])
+STUDIO_AGENT_WORKERS = env_int("STUDIO_AGENT_WORKERS", 64, minimum=1)
+STUDIO_MAX_TOOL_ITERATIONS = env_int("STUDIO_MAX_TOOL_ITERATIONS", 25, minimum=1)
+STUDIO_TOOL_TIMEOUT = env_float("STUDIO_TOOL_TIMEOUT", 300, minimum=0.1)
+STUDIO_WORKSPACE_ROOT = Path(env_str("STUDIO_WORKSPACE_ROOT", str(BASE_DIR / "workspaces")))
+STUDIO_WEB_FETCH_ALLOW_PRIVATE = env_bool("STUDIO_WEB_FETCH_ALLOW_PRIVATE", False)
+
+LLM_BASE_URL = env_str("LLM_BASE_URL")
+LLM_MODEL = env_str("LLM_MODEL", "default")
+LLM_API_KEY = env_str("LLM_API_KEY", "not-needed")
+LLM_TIMEOUT = env_float("LLM_TIMEOUT", 120, minimum=0.1)

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from approvals.models import ToolApproval
+from tests.factories import make_approval, make_conversation, make_user
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff_client(admin_user) -> Client:
+    client = Client()
+    client.force_login(admin_user)
+    return client
+
+
+@pytest.fixture
+def rows(alice, bob):
+    a = make_conversation(alice, title="Budget analysis")
+    b = make_conversation(bob, title="Server logs")
+    allowed = make_approval(
+        a,
+        arguments={"code": "=SUM(A1)"},
+        status="allowed",
+        reason="user",
+        decided_by=alice,
+        decided_at=timezone.now(),
+        note="-fine",
+    )
+    denied = make_approval(
+        b,
+        tool_name="terminal",
+        arguments={"command": "rm -rf /tmp/x"},
+        status="denied",
+        reason="user",
+        decided_by=bob,
+        decided_at=timezone.now(),
+    )
+    pending = make_approval(a, tool_name="web_fetch", arguments={"url": "https://example.com"})
+    return allowed, denied, pending
+
+
+def test_changelist_renders_with_filters_and_search(staff_client, rows):
+    changelist = reverse("admin:approvals_toolapproval_changelist")
+    response = staff_client.get(changelist)
+    assert response.status_code == 200
+    html = response.content.decode()
+    for label in ("By status", "By reason", "By tool name", "By requested at", "wait"):
+        assert label in html
+    filtered = staff_client.get(changelist, {"status__exact": "denied"})
+    assert filtered.context["cl"].result_count == 1
+    searched = staff_client.get(changelist, {"q": "rm -rf"})
+    assert [a.tool_name for a in searched.context["cl"].result_list] == ["terminal"]
+    by_title = staff_client.get(changelist, {"q": "Budget"})
+    assert by_title.context["cl"].result_count == 2
+    by_user = staff_client.get(changelist, {"q": "bob"})
+    assert by_user.context["cl"].result_count == 1
+
+
+def test_add_and_change_are_refused(staff_client, rows):
+    allowed = rows[0]
+    assert staff_client.get(reverse("admin:approvals_toolapproval_add")).status_code == 403
+    change_url = reverse("admin:approvals_toolapproval_change", args=[allowed.pk])
+    # The change page is a read-only view; posting to it changes nothing.
+    assert staff_client.get(change_url).status_code == 200
+    response = staff_client.post(change_url, {"status": "denied", "note": "tampered"})
+    assert response.status_code == 403
+    allowed.refresh_from_db()
+    assert (allowed.status, allowed.note) == ("allowed", "-fine")
+
+
+def test_staff_who_is_not_superuser_cannot_delete(rows):
+    from django.contrib.auth.models import Permission
+
+    staff = make_user("auditor", staff=True)
+    staff.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_toolapproval", "delete_toolapproval"])
+    )
+    client = Client()
+    client.force_login(staff)
+    delete_url = reverse("admin:approvals_toolapproval_delete", args=[rows[0].pk])
+    assert client.get(delete_url).status_code == 403
+    assert ToolApproval.objects.filter(pk=rows[0].pk).exists()
+
+
+def test_csv_export(staff_client, rows):
+    allowed, denied, pending = rows
+    response = staff_client.post(
+        reverse("admin:approvals_toolapproval_changelist"),
+        {"action": "export_csv", "_selected_action": [allowed.pk, denied.pk]},
+    )
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/csv")
+    table = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert {r["approval_id"] for r in table} == {allowed.approval_id, denied.approval_id}
+    by_tool = {r["tool_name"]: r for r in table}
+    assert by_tool["terminal"]["arguments"] == '{"command": "rm -rf /tmp/x"}'
+    assert by_tool["terminal"]["decided_by"] == "bob"
+    assert by_tool["terminal"]["conversation_title"] == "Server logs"
+    # Formula-looking cells are neutralised for spreadsheets.
+    assert by_tool["python"]["note"] == "'-fine"
+    assert by_tool["python"]["status"] == "allowed"
+
+
+def test_members_cannot_open_the_admin(alice):
+    client = Client()
+    client.force_login(alice)
+    response = client.get(reverse("admin:approvals_toolapproval_changelist"))
+    assert response.status_code == 302

@@ -1,0 +1,148 @@
+"""POST /approvals/<id>/decide/: status codes, CSRF, JSON, HTMX and plain posts."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from approvals.models import ToolApproval
+from tests.factories import make_approval
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def approval(conversation):
+    return make_approval(conversation, arguments={"code": "print('hi')"})
+
+
+@pytest.fixture
+def alice_client(alice) -> Client:
+    client = Client()
+    client.force_login(alice)
+    return client
+
+
+def url(approval_id: str) -> str:
+    return reverse("approvals:decide", args=[approval_id])
+
+
+def test_anonymous_is_sent_to_login_and_nothing_changes(client, approval):
+    response = client.post(url(approval.approval_id), {"decision": "allow"})
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/")
+    assert ToolApproval.objects.get(pk=approval.pk).status == "pending"
+
+
+def test_get_is_not_allowed(alice_client, approval):
+    assert alice_client.get(url(approval.approval_id)).status_code == 405
+
+
+def test_unknown_id_is_404(alice_client):
+    assert alice_client.post(url("does-not-exist"), {"decision": "allow"}).status_code == 404
+
+
+def test_other_members_approval_is_404_and_unchanged(bob, approval):
+    client = Client()
+    client.force_login(bob)
+    response = client.post(url(approval.approval_id), {"decision": "allow"})
+    assert response.status_code == 404
+    assert ToolApproval.objects.get(pk=approval.pk).status == "pending"
+
+
+@pytest.mark.parametrize("decision", ["", "ALLOW", "yes", "allow ", "approve"])
+def test_bad_decision_is_400_with_a_message(alice_client, approval, decision):
+    response = alice_client.post(url(approval.approval_id), {"decision": decision})
+    assert response.status_code == 400
+    assert b"decision must be one of" in response.content
+    assert ToolApproval.objects.get(pk=approval.pk).status == "pending"
+
+
+def test_note_too_long_is_400(alice_client, approval):
+    response = alice_client.post(
+        url(approval.approval_id), {"decision": "deny", "note": "x" * 5000}
+    )
+    assert response.status_code == 400
+    assert ToolApproval.objects.get(pk=approval.pk).status == "pending"
+
+
+def test_plain_form_post_redirects_to_the_conversation(alice_client, approval, conversation):
+    response = alice_client.post(url(approval.approval_id), {"decision": "allow"})
+    assert response.status_code == 302
+    assert response["Location"] == conversation.get_absolute_url()
+    row = ToolApproval.objects.get(pk=approval.pk)
+    assert (row.status, row.reason, row.decided_by.username) == ("allowed", "user", "alice")
+
+
+def test_json_response(alice_client, approval):
+    response = alice_client.post(
+        url(approval.approval_id),
+        {"decision": "deny", "note": "no"},
+        HTTP_ACCEPT="application/json",
+    )
+    assert response.status_code == 200
+    assert response.json() == {"resolved": True, "status": "denied", "reason": "user"}
+    again = alice_client.post(
+        url(approval.approval_id), {"decision": "allow"}, HTTP_ACCEPT="application/json"
+    )
+    assert again.status_code == 409
+    assert again.json() == {"resolved": False, "status": "denied", "reason": "user"}
+    assert ToolApproval.objects.get(pk=approval.pk).note == "no"
+
+
+def test_htmx_gets_the_card_partial(alice_client, approval):
+    response = alice_client.post(
+        url(approval.approval_id), {"decision": "allow"}, HTTP_HX_REQUEST="true"
+    )
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert html.lstrip().startswith("<article")
+    assert f'data-approval-id="{approval.approval_id}"' in html
+    assert 'data-status="allowed"' in html
+    assert "Allowed by alice" in html
+    assert "<html" not in html
+
+
+def test_already_decided_is_409_with_the_current_card(alice_client, approval):
+    alice_client.post(url(approval.approval_id), {"decision": "deny"})
+    response = alice_client.post(
+        url(approval.approval_id), {"decision": "allow"}, HTTP_HX_REQUEST="true"
+    )
+    assert response.status_code == 409
+    assert 'data-status="denied"' in response.content.decode()
+    plain = alice_client.post(url(approval.approval_id), {"decision": "allow"})
+    assert plain.status_code == 409
+    assert b"already decided" in plain.content
+    assert ToolApproval.objects.get(pk=approval.pk).status == "denied"
+
+
+def test_csrf_is_enforced(alice, approval):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(alice)
+    response = client.post(url(approval.approval_id), {"decision": "allow"})
+    assert response.status_code == 403
+    assert ToolApproval.objects.get(pk=approval.pk).status == "pending"
+
+
+def test_csrf_header_as_htmx_sends_it_is_accepted(alice, approval, conversation):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(alice)
+    page = client.get(conversation.get_absolute_url())
+    token = page.cookies["csrftoken"].value
+    response = client.post(
+        url(approval.approval_id),
+        {"decision": "allow"},
+        HTTP_HX_REQUEST="true",
+        HTTP_X_CSRFTOKEN=token,
+    )
+    assert response.status_code == 200
+    assert ToolApproval.objects.get(pk=approval.pk).status == "allowed"
+
+
+def test_always_creates_a_grant(alice_client, approval, conversation):
+    response = alice_client.post(
+        url(approval.approval_id), {"decision": "always"}, HTTP_ACCEPT="application/json"
+    )
+    assert response.json() == {"resolved": True, "status": "allowed", "reason": "always_allow"}
+    assert conversation.grants.active().filter(tool_name="python").count() == 1

@@ -1,0 +1,293 @@
+"""The origin's gate scenarios, against Studio's gate and approval services.
+
+Waiters run in real threads; every wait has a bound. Where a test must show
+that the *event* (not the poll) woke the waiter, it sets a poll interval far
+longer than the test's bound, so only the event can deliver in time.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+from django.db import connections
+
+from approvals.gate import CancelToken, Gate
+from approvals.models import ToolApproval, new_approval_id
+from approvals.services import (
+    ApprovalNotFound,
+    approval_cancel_run,
+    approval_decide,
+    approval_request,
+    approval_wait,
+)
+from tests.factories import make_conversation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LONG_POLL = 60.0  # longer than any bound below: only a wake can end a wait early
+BOUND = 10.0
+
+
+class Waiter(threading.Thread):
+    """Runs approval_wait in a thread, as a run's worker does."""
+
+    def __init__(self, slot, gate: Gate, *, cancel=None, timeout=BOUND * 2, poll=LONG_POLL):
+        super().__init__(daemon=True)
+        self.slot, self.gate, self.cancel = slot, gate, cancel
+        self.timeout, self.poll = timeout, poll
+        self.started_waiting = threading.Event()
+        self.result: ToolApproval | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.started_waiting.set()
+            self.result = approval_wait(
+                slot=self.slot,
+                cancel=self.cancel,
+                timeout=self.timeout,
+                poll=self.poll,
+                gate=self.gate,
+            )
+        except BaseException as exc:  # surfaced by finish()
+            self.error = exc
+        finally:
+            connections.close_all()
+
+    def finish(self) -> ToolApproval:
+        self.join(BOUND)
+        assert not self.is_alive(), "waiter did not finish within the bound"
+        if self.error:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+def request(conversation, gate, *, tool="python", arguments=None, run_id="run-1"):
+    return approval_request(
+        conversation=conversation,
+        tool_name=tool,
+        arguments=arguments or {"code": "print(42)"},
+        requested_by=conversation.owner,
+        run_id=run_id,
+        gate=gate,
+    )
+
+
+def test_allow_wakes_the_waiter_with_allowed(conversation, alice, gate):
+    approval, slot = request(conversation, gate)
+    waiter = Waiter(slot, gate)
+    waiter.start()
+    assert waiter.started_waiting.wait(BOUND)
+    result = approval_decide(approval_id=approval.approval_id, user=alice, decision="allow")
+    assert result.resolved
+    outcome = waiter.finish()
+    assert (outcome.status, outcome.reason) == ("allowed", "user")
+    assert outcome.decided_by == alice
+
+
+def test_deny_wakes_the_waiter_with_denied_and_the_note(conversation, alice, gate):
+    approval, slot = request(conversation, gate)
+    waiter = Waiter(slot, gate)
+    waiter.start()
+    approval_decide(approval_id=approval.approval_id, user=alice, decision="deny", note="use numpy")
+    outcome = waiter.finish()
+    assert (outcome.status, outcome.reason, outcome.note) == ("denied", "user", "use numpy")
+
+
+def test_slot_is_removed_after_the_wait(conversation, alice, gate):
+    approval, slot = request(conversation, gate)
+    assert gate.has(approval.approval_id)
+    waiter = Waiter(slot, gate)
+    waiter.start()
+    approval_decide(approval_id=approval.approval_id, user=alice, decision="allow")
+    waiter.finish()
+    assert not gate.has(approval.approval_id)
+    assert len(gate) == 0
+
+
+def test_approval_ids_are_unique_and_unguessable():
+    ids = {new_approval_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    for approval_id in ids:
+        # token_urlsafe(16): 16 random bytes -> 22 URL-safe characters.
+        assert re.fullmatch(r"[A-Za-z0-9_-]{22}", approval_id)
+
+
+def test_rows_get_distinct_ids(conversation, gate):
+    ids = {request(conversation, gate, run_id=f"r{i}")[0].approval_id for i in range(50)}
+    assert len(ids) == 50
+
+
+def test_decision_before_the_wait_is_not_lost(conversation, alice, gate):
+    approval, slot = request(conversation, gate)
+    # Decided after registration, before anyone waits.
+    approval_decide(approval_id=approval.approval_id, user=alice, decision="allow")
+    assert slot.event.is_set()
+    outcome = approval_wait(slot=slot, timeout=BOUND, poll=LONG_POLL, gate=gate)
+    assert outcome.status == "allowed"
+
+
+def test_decision_between_the_reread_and_the_block_is_not_lost(
+    conversation, alice, gate, monkeypatch
+):
+    """The nasty window: the waiter has read "pending" but not yet blocked."""
+    approval, slot = request(conversation, gate)
+    real_wait = slot.event.wait
+    decided = threading.Event()
+
+    def wait_after_deciding(timeout=None):
+        if not decided.is_set():
+            decided.set()
+            approval_decide(approval_id=approval.approval_id, user=alice, decision="deny")
+        return real_wait(timeout)
+
+    monkeypatch.setattr(slot.event, "wait", wait_after_deciding)
+    outcome = approval_wait(slot=slot, timeout=BOUND, poll=LONG_POLL, gate=gate)
+    assert decided.is_set()
+    assert outcome.status == "denied"
+
+
+@pytest.mark.parametrize("approval_id", ["", "nope", "x" * 500, "../../etc/passwd"])
+def test_unknown_or_empty_id_is_refused(alice, approval_id):
+    with pytest.raises(ApprovalNotFound):
+        approval_decide(approval_id=approval_id, user=alice, decision="allow")
+
+
+def test_wrong_user_is_refused_and_the_right_one_still_works(conversation, alice, bob, gate):
+    approval, slot = request(conversation, gate)
+    with pytest.raises(ApprovalNotFound):
+        approval_decide(approval_id=approval.approval_id, user=bob, decision="allow")
+    approval.refresh_from_db()
+    assert approval.status == "pending"
+    assert not slot.event.is_set()
+    assert approval_decide(approval_id=approval.approval_id, user=alice, decision="allow").resolved
+
+
+def test_second_decision_is_refused_and_changes_nothing(conversation, alice, gate):
+    approval, slot = request(conversation, gate)
+    waiter = Waiter(slot, gate)
+    waiter.start()
+    assert approval_decide(approval_id=approval.approval_id, user=alice, decision="allow").resolved
+    waiter.finish()
+    before = ToolApproval.objects.get(pk=approval.pk)
+    again = approval_decide(
+        approval_id=approval.approval_id, user=alice, decision="deny", note="late"
+    )
+    assert again.resolved is False
+    assert again.approval.status == "allowed"
+    after = ToolApproval.objects.get(pk=approval.pk)
+    assert (after.status, after.reason, after.note, after.decided_at) == (
+        before.status,
+        before.reason,
+        before.note,
+        before.decided_at,
+    )
+
+
+def test_cancel_breaks_the_wait(conversation, gate):
+    approval, slot = request(conversation, gate)
+    cancel = CancelToken()
+    waiter = Waiter(slot, gate, cancel=cancel)
+    waiter.start()
+    assert waiter.started_waiting.wait(BOUND)
+    cancel.cancel()
+    outcome = waiter.finish()
+    assert (outcome.status, outcome.reason) == ("denied", "cancelled")
+    assert not gate.has(approval.approval_id)
+
+
+def test_cancel_before_the_wait_ends_it_at_once(conversation, gate):
+    _, slot = request(conversation, gate)
+    cancel = CancelToken()
+    cancel.cancel()
+    outcome = approval_wait(slot=slot, cancel=cancel, timeout=BOUND, poll=LONG_POLL, gate=gate)
+    assert outcome.reason == "cancelled"
+
+
+def test_timeout_ends_the_wait_as_not_allowed(conversation, gate):
+    approval, slot = request(conversation, gate)
+    outcome = approval_wait(slot=slot, timeout=0.2, poll=LONG_POLL, gate=gate)
+    assert (outcome.status, outcome.reason) == ("denied", "timeout")
+    assert outcome.decided_by is None
+    assert not gate.has(approval.approval_id)
+
+
+def test_a_late_decision_after_timeout_is_refused(conversation, alice, gate):
+    approval, slot = request(conversation, gate)
+    approval_wait(slot=slot, timeout=0.1, poll=LONG_POLL, gate=gate)
+    late = approval_decide(approval_id=approval.approval_id, user=alice, decision="allow")
+    assert late.resolved is False
+    assert late.approval.reason == "timeout"
+
+
+def test_two_pending_calls_in_one_conversation_are_independent(conversation, alice, gate):
+    first, slot1 = request(conversation, gate, arguments={"code": "1"})
+    second, slot2 = request(conversation, gate, arguments={"code": "2"})
+    w1, w2 = Waiter(slot1, gate), Waiter(slot2, gate)
+    w1.start()
+    w2.start()
+    approval_decide(approval_id=second.approval_id, user=alice, decision="deny")
+    assert w2.finish().status == "denied"
+    assert w1.is_alive()
+    assert ToolApproval.objects.get(pk=first.pk).status == "pending"
+    approval_decide(approval_id=first.approval_id, user=alice, decision="allow")
+    assert w1.finish().status == "allowed"
+
+
+def test_25_concurrent_waiters_each_get_their_own_decision(alice, gate):
+    conversations = [make_conversation(alice) for _ in range(5)]
+    waiters = []
+    for i in range(25):
+        approval, slot = request(
+            conversations[i % 5], gate, arguments={"code": str(i)}, run_id=f"r{i}"
+        )
+        waiter = Waiter(slot, gate)
+        waiter.start()
+        waiters.append((i, approval, waiter))
+    for i, approval, _ in waiters:
+        decision = "allow" if i % 2 == 0 else "deny"
+        threading.Thread(
+            target=lambda a=approval, d=decision: (
+                approval_decide(approval_id=a.approval_id, user=alice, decision=d),
+                connections.close_all(),
+            )
+        ).start()
+    for i, approval, waiter in waiters:
+        outcome = waiter.finish()
+        assert outcome.approval_id == approval.approval_id
+        assert outcome.status == ("allowed" if i % 2 == 0 else "denied")
+    assert len(gate) == 0
+
+
+def test_closing_a_run_removes_slots_never_waited_on(conversation, gate):
+    first, _ = request(conversation, gate, run_id="run-x")
+    second, _ = request(conversation, gate, run_id="run-x", arguments={"code": "2"})
+    other, _ = request(conversation, gate, run_id="run-y")
+    assert approval_cancel_run(run_id="run-x", gate=gate) == 2
+    assert not gate.has(first.approval_id) and not gate.has(second.approval_id)
+    assert gate.has(other.approval_id)
+    for approval in (first, second):
+        approval.refresh_from_db()
+        assert (approval.status, approval.reason) == ("denied", "cancelled")
+    assert ToolApproval.objects.get(pk=other.pk).status == "pending"
+
+
+def test_always_allow_records_a_grant_for_that_tool_in_that_conversation(conversation, alice, gate):
+    other_conversation = make_conversation(alice)
+    approval, _ = request(conversation, gate)
+    result = approval_decide(approval_id=approval.approval_id, user=alice, decision="always")
+    assert (result.approval.status, result.approval.reason) == ("allowed", "always_allow")
+    grants = list(conversation.grants.active().values_list("tool_name", flat=True))
+    assert grants == ["python"]
+    assert not other_conversation.grants.exists()
+
+
+def test_register_refuses_an_empty_or_duplicate_id(gate):
+    with pytest.raises(ValueError):
+        gate.register("")
+    gate.register("abc")
+    with pytest.raises(ValueError):
+        gate.register("abc")

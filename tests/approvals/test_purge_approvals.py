@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from approvals.models import ToolApproval
+from tests.factories import make_approval
+
+pytestmark = pytest.mark.django_db
+
+
+def purge(*args: str) -> str:
+    out = StringIO()
+    call_command("purge_approvals", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.fixture
+def aged(conversation, settings):
+    settings.STUDIO_APPROVAL_TIMEOUT = 3600
+    now = timezone.now()
+    return {
+        "fresh_pending": make_approval(conversation),
+        "stale_pending": make_approval(conversation, requested_at=now - timedelta(hours=2)),
+        "recent_decided": make_approval(
+            conversation, status="allowed", reason="user", decided_at=now - timedelta(days=3)
+        ),
+        "old_decided": make_approval(
+            conversation,
+            status="denied",
+            reason="user",
+            requested_at=now - timedelta(days=100),
+            decided_at=now - timedelta(days=100),
+        ),
+    }
+
+
+def state(row: ToolApproval) -> tuple[str, str] | None:
+    row = ToolApproval.objects.filter(pk=row.pk).first()
+    return None if row is None else (row.status, row.reason)
+
+
+def test_dry_run_changes_nothing(aged):
+    before = {name: state(row) for name, row in aged.items()}
+    out = purge("--dry-run")
+    assert "Would expire 1 pending" in out
+    assert "would delete 1 decided" in out
+    assert {name: state(row) for name, row in aged.items()} == before
+
+
+def test_expires_stale_pending_and_deletes_old_decided(aged):
+    out = purge()
+    assert "Expired 1 pending" in out and "deleted 1 decided" in out
+    assert state(aged["stale_pending"]) == ("denied", "expired")
+    assert state(aged["fresh_pending"]) == ("pending", "")
+    assert state(aged["recent_decided"]) == ("allowed", "user")
+    assert state(aged["old_decided"]) is None
+
+
+def test_is_idempotent(aged):
+    purge()
+    out = purge()
+    assert "Expired 0 pending" in out and "deleted 0 decided" in out
+
+
+def test_thresholds_are_options(aged):
+    purge("--expire-pending-older-than", "0", "--older-than", "1")
+    assert state(aged["fresh_pending"]) == ("denied", "expired")
+    assert state(aged["recent_decided"]) is None
+
+
+def test_quiet_at_verbosity_0(aged):
+    out = StringIO()
+    call_command("purge_approvals", verbosity=0, stdout=out)
+    assert out.getvalue() == ""
+
+
+def _queries_for(conversation, n: int) -> int:
+    ToolApproval.objects.all().delete()
+    old = timezone.now() - timedelta(days=200)
+    ToolApproval.objects.bulk_create(
+        [
+            ToolApproval(
+                conversation=conversation,
+                tool_name="python",
+                arguments={"i": i},
+                arguments_sha256="0" * 64,
+                status="pending" if i % 2 else "allowed",
+                reason="" if i % 2 else "user",
+                requested_at=old,
+                decided_at=None if i % 2 else old,
+            )
+            for i in range(n)
+        ]
+    )
+    with CaptureQueriesContext(connection) as ctx:
+        purge()
+    assert ToolApproval.objects.pending().count() == 0
+    assert ToolApproval.objects.count() == n // 2
+    return len(ctx.captured_queries)
+
+
+def test_query_count_is_flat(conversation):
+    assert _queries_for(conversation, 10) == _queries_for(conversation, 1000)

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import os
+import socket
+from urllib.parse import urlparse
+
+import pytest
+from django.conf import settings
+
+from approvals.gate import GATE, Gate
+from tests.factories import make_conversation, make_user
+
+REQUIRE_SERVICES = os.environ.get("STUDIO_REQUIRE_SERVICES") == "1"
+
+
+def _reachable(url: str, default_port: int) -> bool:
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection(
+            (parsed.hostname or "127.0.0.1", parsed.port or default_port), 2
+        ):
+            return True
+    except OSError:
+        return False
+
+
+def _services_problem() -> str | None:
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        return "DATABASE_URL does not point at PostgreSQL"
+    if not settings.REDIS_URL:
+        return "REDIS_URL is not set"
+    db = settings.DATABASES["default"]
+    if not _reachable(f"postgres://{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}", 5432):
+        return "PostgreSQL is not reachable"
+    if not _reachable(settings.REDIS_URL, 6379):
+        return "Redis is not reachable"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _services_guard(request):
+    """Tests marked ``services`` need real PostgreSQL and Redis.
+
+    Without them they are skipped locally, but fail when STUDIO_REQUIRE_SERVICES=1
+    (CI): a missing service there is a failure, never a skip.
+    """
+    if request.node.get_closest_marker("services") is None:
+        return
+    problem = _services_problem()
+    if problem is None:
+        return
+    if REQUIRE_SERVICES:
+        pytest.fail(f"required service missing: {problem}")
+    pytest.skip(problem)
+
+
+@pytest.fixture
+def alice(db):
+    return make_user("alice")
+
+
+@pytest.fixture
+def bob(db):
+    return make_user("bob")
+
+
+@pytest.fixture
+def admin_user(db):
+    return make_user("root", superuser=True)
+
+
+@pytest.fixture
+def conversation(alice):
+    return make_conversation(alice, title="Alice's chat")
+
+
+@pytest.fixture
+def gate() -> Gate:
+    """The process's gate (decisions wake it), emptied after each test."""
+    yield GATE
+    GATE.clear()
+
+
+@pytest.fixture(autouse=True)
+def _fast_settings(settings, tmp_path):
+    settings.STUDIO_WORKSPACE_ROOT = tmp_path / "workspaces"
+    # PBKDF2 costs ~0.3 s per user; tests make many.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

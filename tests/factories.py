@@ -1,0 +1,38 @@
+"""Plain factories: make_* functions with sensible defaults."""
+
+from __future__ import annotations
+
+import itertools
+
+from django.contrib.auth import get_user_model
+
+from approvals.models import ToolApproval, arguments_hash
+from chat.models import Conversation
+
+_seq = itertools.count(1)
+PASSWORD = "correct-horse-battery-staple"
+
+
+def make_user(username: str | None = None, *, staff: bool = False, superuser: bool = False):
+    User = get_user_model()
+    username = username or f"user{next(_seq)}"
+    if superuser:
+        return User.objects.create_superuser(username, f"{username}@example.com", PASSWORD)
+    user = User.objects.create_user(username, f"{username}@example.com", PASSWORD)
+    if staff:
+        user.is_staff = True
+        user.save(update_fields=["is_staff"])
+    return user
+
+
+def make_conversation(owner, **fields) -> Conversation:
+    fields.setdefault("title", f"Chat {next(_seq)}")
+    return Conversation.objects.create(owner=owner, **fields)
+
+
+def make_approval(conversation: Conversation, **fields) -> ToolApproval:
+    fields.setdefault("tool_name", "python")
+    fields.setdefault("arguments", {"code": "print(1 + 1)"})
+    fields.setdefault("requested_by", conversation.owner)
+    fields.setdefault("arguments_sha256", arguments_hash(fields["arguments"]))
+    return ToolApproval.objects.create(conversation=conversation, **fields)
