@@ -186,6 +186,8 @@ STUDIO_MAX_TOOL_ITERATIONS = env_int("STUDIO_MAX_TOOL_ITERATIONS", 25, minimum=1
 STUDIO_TOOL_TIMEOUT = env_float("STUDIO_TOOL_TIMEOUT", 300, minimum=0.1)
 STUDIO_WORKSPACE_ROOT = Path(env_str("STUDIO_WORKSPACE_ROOT", str(BASE_DIR / "workspaces")))
 STUDIO_WEB_FETCH_ALLOW_PRIVATE = env_bool("STUDIO_WEB_FETCH_ALLOW_PRIVATE", False)
+# Host names web_fetch may reach even when they resolve to private addresses.
+STUDIO_WEB_FETCH_ALLOW_HOSTS = env_list("STUDIO_WEB_FETCH_ALLOW_HOSTS", [])
 
 LLM_BASE_URL = env_str("LLM_BASE_URL")
 LLM_MODEL = env_str("LLM_MODEL", "default")

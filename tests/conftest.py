@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -81,8 +84,18 @@ def gate() -> Gate:
     GATE.clear()
 
 
+@pytest.fixture(scope="session")
+def workspace_root():
+    # Not under tmp_path: pytest's base is 0700 and the sandbox runs tools as
+    # "nobody" when the suite runs as root, so every ancestor must be traversable.
+    root = Path(tempfile.mkdtemp(prefix="studio-ws-", dir="/tmp"))
+    root.chmod(0o711)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
-def _fast_settings(settings, tmp_path):
-    settings.STUDIO_WORKSPACE_ROOT = tmp_path / "workspaces"
+def _fast_settings(settings, workspace_root):
+    settings.STUDIO_WORKSPACE_ROOT = workspace_root
     # PBKDF2 costs ~0.3 s per user; tests make many.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

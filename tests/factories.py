@@ -36,3 +36,10 @@ def make_approval(conversation: Conversation, **fields) -> ToolApproval:
     fields.setdefault("requested_by", conversation.owner)
     fields.setdefault("arguments_sha256", arguments_hash(fields["arguments"]))
     return ToolApproval.objects.create(conversation=conversation, **fields)
+
+
+def make_run(conversation: Conversation, **fields):
+    from chat.models import Run
+
+    fields.setdefault("started_by", conversation.owner)
+    return Run.objects.create(conversation=conversation, **fields)

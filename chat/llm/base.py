@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from approvals.gate import CancelToken
+
+
+class LLMError(Exception):
+    """The model could not answer; the message is shown in the chat."""
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict | None
+    # Set when the arguments could not be parsed; the model is told so.
+    error: str = ""
+    raw_arguments: str = ""
+
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+@dataclass
+class TurnEnd:
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+Chunk = TextDelta | TurnEnd
+
+
+class ChatModel(Protocol):
+    name: str
+
+    def stream(
+        self, messages: list[dict], tools: list[dict], *, cancel: CancelToken
+    ) -> Iterator[Chunk]:
+        """Yield text deltas, then exactly one ``TurnEnd``; raise ``LLMError``."""
+        ...
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(8)

@@ -1,0 +1,130 @@
+"""Any OpenAI-compatible chat-completions server (llama.cpp, vLLM, Ollama, OpenAI).
+
+Streams content deltas; accumulates native tool-call deltas by index (their
+arguments arrive in pieces); falls back to ``<tool_call>`` text blocks for
+servers without native tool calling. Every failure becomes an ``LLMError``
+with a message a user can act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+
+from approvals.gate import CancelToken
+from chat.llm.base import Chunk, LLMError, TextDelta, ToolCall, TurnEnd, new_call_id
+from chat.llm.textcalls import OPEN, holdback, parse_arguments, split_text_calls
+
+
+class OpenAICompatModel:
+    def __init__(self, *, base_url: str, model: str, api_key: str, timeout: float) -> None:
+        self.name = model
+        self.base_url = base_url
+        self.model = model
+        self.client = openai.OpenAI(
+            base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
+        )
+
+    def stream(
+        self, messages: list[dict], tools: list[dict], *, cancel: CancelToken
+    ) -> Iterator[Chunk]:
+        kwargs: dict = {"model": self.model, "messages": messages, "stream": True}
+        if tools:
+            kwargs["tools"] = tools
+        try:
+            stream = self.client.chat.completions.create(**kwargs)
+        except Exception as exc:
+            raise LLMError(self._describe(exc)) from None
+        yield from self._consume(stream, cancel)
+
+    def _consume(self, stream, cancel: CancelToken) -> Iterator[Chunk]:
+        content = ""
+        shown = 0  # characters of content already yielded
+        in_text_call = False
+        calls: dict[int, dict] = {}
+        finished = False
+        try:
+            with stream:
+                for chunk in stream:
+                    if cancel.is_set():
+                        break
+                    if not getattr(chunk, "choices", None):
+                        continue
+                    if chunk.choices[0].finish_reason:
+                        finished = True
+                    delta = chunk.choices[0].delta
+                    if delta is None:
+                        continue
+                    for tc in getattr(delta, "tool_calls", None) or []:
+                        slot = calls.setdefault(tc.index or 0, {"id": "", "name": "", "args": ""})
+                        if tc.id:
+                            slot["id"] = tc.id
+                        if tc.function is not None:
+                            if tc.function.name:
+                                slot["name"] += tc.function.name
+                            if tc.function.arguments:
+                                slot["args"] += tc.function.arguments
+                    text = getattr(delta, "content", None)
+                    if not text:
+                        continue
+                    content += text
+                    if in_text_call:
+                        continue
+                    if OPEN in content:
+                        in_text_call = True
+                        visible_end = content.index(OPEN)
+                    else:
+                        visible_end = len(content) - holdback(content)
+                    if visible_end > shown:
+                        yield TextDelta(content[shown:visible_end])
+                        shown = visible_end
+        except LLMError:
+            raise
+        except Exception as exc:
+            raise LLMError(self._describe(exc)) from None
+
+        if not finished and not cancel.is_set():
+            # Real servers end every choice with a finish_reason; a stream that
+            # stops without one was cut (server crashed, proxy timed out).
+            raise LLMError(
+                f"the model server at {self.base_url} closed the stream before the reply "
+                "was finished."
+            )
+        tool_calls = [self._native_call(calls[i]) for i in sorted(calls)]
+        visible, text_calls = split_text_calls(content)
+        if not tool_calls:
+            tool_calls = text_calls
+        if len(visible) > shown:
+            yield TextDelta(visible[shown:])
+        yield TurnEnd(content=visible, tool_calls=tool_calls)
+
+    @staticmethod
+    def _native_call(slot: dict) -> ToolCall:
+        arguments, error = parse_arguments(slot["args"])
+        return ToolCall(
+            id=slot["id"] or new_call_id(),
+            name=slot["name"],
+            arguments=arguments,
+            error=error,
+            raw_arguments=slot["args"],
+        )
+
+    def _describe(self, exc: Exception) -> str:
+        where = f"the model server at {self.base_url}"
+        if isinstance(exc, openai.APITimeoutError):
+            return f"{where} did not answer in time."
+        if isinstance(exc, openai.APIConnectionError):
+            return f"Could not reach {where}. Is it running? ({exc.__cause__ or exc})"
+        if isinstance(exc, openai.AuthenticationError):
+            return f"{where} refused the API key (401). Check LLM_API_KEY."
+        if isinstance(exc, openai.NotFoundError):
+            return f"{where} answered 404: check LLM_BASE_URL and LLM_MODEL ({self.model!r})."
+        if isinstance(exc, openai.APIStatusError):
+            return f"{where} answered HTTP {exc.status_code}: {_short(exc.message)}"
+        return f"{where} sent a reply Studio could not read: {_short(str(exc))}"
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -1,0 +1,62 @@
+"""Rebuild the model's transcript from Message rows (nothing lives only in memory)."""
+
+from __future__ import annotations
+
+import json
+
+from chat.models import Conversation, Message
+from chat.tools import REGISTRY
+
+SYSTEM_PROMPT = (
+    "You are the assistant in Studio, a team chat. You can call tools: {tools}. "
+    "Each tool call may wait for the user's approval; if the user declines a call, "
+    "respect that and do not retry it unless they ask. Don't repeat a call that "
+    "already succeeded; use its result. If your server has no native tool calling, "
+    'write a call as <tool_call>{{"name": "python", "arguments": {{"code": "..."}}}}'
+    "</tool_call> on its own."
+)
+INTERRUPTED = "Error: no result was recorded for this call (the run was interrupted)."
+
+
+def transcript_build(conversation: Conversation, *, enabled_tools: list[str]) -> list[dict]:
+    tools = ", ".join(f"{n} ({REGISTRY[n].description})" for n in enabled_tools if n in REGISTRY)
+    messages: list[dict] = [
+        {"role": "system", "content": SYSTEM_PROMPT.format(tools=tools or "none")}
+    ]
+    open_calls: list[str] = []
+    for m in conversation.messages.order_by("created_at", "id"):
+        if m.role != Message.Role.TOOL:
+            messages.extend(_close(open_calls))
+            open_calls = []
+        if m.role == Message.Role.USER:
+            messages.append({"role": "user", "content": m.content})
+        elif m.role == Message.Role.ASSISTANT:
+            entry: dict = {"role": "assistant", "content": m.content or None}
+            if m.tool_calls:
+                entry["tool_calls"] = [
+                    {
+                        "id": c["id"],
+                        "type": "function",
+                        "function": {
+                            "name": c["name"],
+                            "arguments": json.dumps(c.get("arguments") or {}),
+                        },
+                    }
+                    for c in m.tool_calls
+                ]
+                open_calls = [c["id"] for c in m.tool_calls]
+            messages.append(entry)
+        elif m.role == Message.Role.TOOL:
+            if m.tool_call_id in open_calls:
+                open_calls.remove(m.tool_call_id)
+                messages.append(
+                    {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
+                )
+        # ERROR rows are for people, not for the model.
+    messages.extend(_close(open_calls))
+    return messages
+
+
+def _close(open_calls: list[str]) -> list[dict]:
+    """Results for calls a crashed run never answered, so the transcript stays valid."""
+    return [{"role": "tool", "tool_call_id": c, "content": INTERRUPTED} for c in open_calls]

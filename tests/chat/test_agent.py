@@ -1,0 +1,283 @@
+"""The agent loop with scripted model turns, real tools and the real gate."""
+
+from __future__ import annotations
+
+import pytest
+
+from approvals.models import ToolApproval, ToolGrant
+from approvals.services import REJECTION_TEXT, approval_decide
+from chat.agent import DUPLICATE_TEXT
+from chat.models import Message
+from tests.factories import make_run
+from tests.helpers.driver import AgentDriver
+from tests.helpers.scripted import ScriptedModel, call, failing
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Each run appends one line to a file, so "ran exactly once" is countable.
+APPEND = {"code": "open('runs.txt', 'a').write('ran\\n'); print('appended')"}
+
+
+def runs_file_lines(settings, conversation) -> int:
+    path = settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}" / "runs.txt"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.fixture(autouse=True)
+def clean_workspace(settings, conversation):
+    path = settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}" / "runs.txt"
+    path.unlink(missing_ok=True)
+
+
+def start(conversation, model, **kwargs):
+    # The Agent does not manage the run row (the run service does); any row will do.
+    kwargs.setdefault("run", make_run(conversation, status="done"))
+    kwargs.setdefault("poll", 30)
+    return AgentDriver.start(
+        conversation=conversation, model=model, user=conversation.owner, **kwargs
+    )
+
+
+def last_tool_message(conversation) -> Message:
+    return conversation.messages.filter(role="tool").last()
+
+
+def test_allow_runs_the_tool_exactly_once(conversation, alice, settings):
+    model = ScriptedModel([("Let me run it.", [call("python", APPEND)]), ("Done.", [])])
+    driver = start(conversation, model)
+    start_event = driver.wait_for("tool_start")
+    assert start_event.data["awaiting_confirmation"] is True
+    assert runs_file_lines(settings, conversation) == 0  # nothing runs before the decision
+    approval_decide(approval_id=start_event.data["approval_id"], user=alice, decision="allow")
+    end = driver.wait_for("tool_end")
+    assert end.data["result"].strip() == "appended"
+    driver.finish()
+    assert driver.kinds()[-1] == "done"
+    assert runs_file_lines(settings, conversation) == 1
+    # The model's second turn saw the tool result.
+    assert model.seen[1][-1] == {
+        "role": "tool",
+        "tool_call_id": start_event.data["tool_call_id"],
+        "content": end.data["result"],
+    }
+
+
+def test_deny_skips_the_tool_and_feeds_the_rejection(conversation, alice, settings):
+    model = ScriptedModel([("", [call("python", APPEND)]), ("OK, I won't.", [])])
+    driver = start(conversation, model)
+    event = driver.wait_for("tool_start")
+    approval_decide(
+        approval_id=event.data["approval_id"], user=alice, decision="deny", note="not today"
+    )
+    end = driver.wait_for("tool_end")
+    driver.finish()
+    assert end.data["result"] == f"{REJECTION_TEXT} The user said: not today"
+    assert model.seen[1][-1]["content"] == end.data["result"]
+    assert runs_file_lines(settings, conversation) == 0
+
+
+def test_disabled_tool_is_not_prompted_and_makes_no_row(conversation):
+    model = ScriptedModel([("", [call("python", APPEND)]), ("Fine.", [])])
+    driver = start(conversation, model, enabled_tools=["terminal"])
+    driver.finish()
+    assert "tool_start" not in driver.kinds()
+    result = driver.of("tool_end")[0].data["result"]
+    assert result.startswith("Error: tool 'python' is not enabled for this request.")
+    assert not ToolApproval.objects.exists()
+
+
+def test_unknown_tool_and_bad_arguments_are_not_prompted(conversation):
+    from chat.llm.base import ToolCall
+
+    model = ScriptedModel(
+        [
+            (
+                "",
+                [
+                    call("rm_rf", {"path": "/"}),
+                    ToolCall(id="c2", name="python", arguments=None, error="Expecting value"),
+                    call("python", {"source": "print(1)"}),
+                ],
+            ),
+            ("Sorry.", []),
+        ]
+    )
+    driver = start(conversation, model)
+    driver.finish()
+    results = [e.data["result"] for e in driver.of("tool_end")]
+    assert results[0].startswith("Error: tool 'rm_rf' is not enabled")
+    assert results[1].startswith("Error: the arguments of this python call are not valid JSON")
+    assert results[2] == "Error: missing required argument 'code'."
+    assert not ToolApproval.objects.exists()
+
+
+def test_duplicate_is_not_prompted(conversation, alice, settings):
+    model = ScriptedModel(
+        [
+            ("", [call("python", APPEND, "a")]),
+            ("", [call("python", APPEND, "b")]),
+            ("Done.", []),
+        ]
+    )
+    driver = start(conversation, model)
+    approval_decide(
+        approval_id=driver.wait_for("tool_start").data["approval_id"], user=alice, decision="allow"
+    )
+    driver.finish()
+    assert len(driver.of("tool_start")) == 1
+    assert driver.of("tool_end")[1].data["result"] == DUPLICATE_TEXT
+    assert ToolApproval.objects.count() == 1
+    assert runs_file_lines(settings, conversation) == 1
+
+
+def test_denied_call_reissued_then_allowed_runs_once(conversation, alice, settings):
+    model = ScriptedModel(
+        [
+            ("", [call("python", APPEND, "a")]),
+            ("", [call("python", APPEND, "b")]),
+            ("Done.", []),
+        ]
+    )
+    driver = start(conversation, model)
+    first = driver.wait_for("tool_start")
+    approval_decide(approval_id=first.data["approval_id"], user=alice, decision="deny")
+    second = driver.wait_for("tool_start")  # prompted again: a deny is not "already ran"
+    assert second.data["approval_id"] != first.data["approval_id"]
+    approval_decide(approval_id=second.data["approval_id"], user=alice, decision="allow")
+    driver.finish()
+    assert runs_file_lines(settings, conversation) == 1
+    statuses = list(ToolApproval.objects.order_by("requested_at").values_list("status", flat=True))
+    assert statuses == ["denied", "allowed"]
+
+
+def test_errored_call_does_not_count_as_already_ran(conversation):
+    failing_code = {"code": "raise SystemExit(3)"}
+    conversation.confirm_tool_calls = False
+    conversation.save()
+    model = ScriptedModel(
+        [
+            ("", [call("python", failing_code, "a")]),
+            ("", [call("python", failing_code, "b")]),
+            ("x", []),
+        ]
+    )
+    driver = start(conversation, model)
+    driver.finish()
+    results = [e.data["result"] for e in driver.of("tool_end")]
+    assert all(r.startswith("Error: exited with status 3") for r in results)
+
+
+def test_grant_runs_without_prompt_and_records_an_always_allow_row(conversation, alice, settings):
+    ToolGrant.objects.create(conversation=conversation, tool_name="python", granted_by=alice)
+    model = ScriptedModel([("", [call("python", APPEND)]), ("Done.", [])])
+    driver = start(conversation, model)
+    driver.finish()
+    start_event = driver.of("tool_start")[0]
+    assert start_event.data["awaiting_confirmation"] is False
+    row = ToolApproval.objects.get()
+    assert (row.status, row.reason) == ("allowed", "always_allow")
+    assert runs_file_lines(settings, conversation) == 1
+
+
+def test_grant_is_for_one_tool_only(conversation, alice):
+    ToolGrant.objects.create(conversation=conversation, tool_name="terminal", granted_by=alice)
+    model = ScriptedModel([("", [call("python", APPEND)]), ("Done.", [])])
+    driver = start(conversation, model)
+    event = driver.wait_for("tool_start")
+    assert event.data["awaiting_confirmation"] is True
+    approval_decide(approval_id=event.data["approval_id"], user=alice, decision="deny")
+    driver.finish()
+
+
+def test_confirmation_off_runs_without_prompt_and_still_records(conversation, settings):
+    conversation.confirm_tool_calls = False
+    conversation.save()
+    model = ScriptedModel([("", [call("python", APPEND)]), ("Done.", [])])
+    driver = start(conversation, model)
+    driver.finish()
+    row = ToolApproval.objects.get()
+    assert (row.status, row.reason) == ("allowed", "policy")
+    assert runs_file_lines(settings, conversation) == 1
+
+
+def test_cancel_while_waiting_ends_the_run_without_running(conversation, settings):
+    model = ScriptedModel([("", [call("python", APPEND)])])
+    driver = start(conversation, model)
+    event = driver.wait_for("tool_start")
+    driver.agent.cancel.cancel()
+    driver.finish()
+    assert driver.kinds()[-1] == "done" and driver.seen[-1].data["cancelled"] is True
+    row = ToolApproval.objects.get(approval_id=event.data["approval_id"])
+    assert (row.status, row.reason) == ("denied", "cancelled")
+    assert runs_file_lines(settings, conversation) == 0
+    assert len(model.seen) == 1  # the model was not asked again
+
+
+def test_closing_the_generator_cancels_the_pending_row_and_slot(conversation, gate):
+    model = ScriptedModel([("", [call("python", APPEND)])])
+    from approvals.gate import CancelToken
+    from chat.agent import Agent
+
+    agent = Agent(
+        conversation=conversation, model=model, cancel=CancelToken(), run=make_run(conversation)
+    )
+    events = agent.events()
+    for event in events:
+        if event.kind == "tool_start":
+            break
+    approval_id = event.data["approval_id"]
+    assert gate.has(approval_id)  # announced, never waited on
+    events.close()
+    assert not gate.has(approval_id)
+    row = ToolApproval.objects.get(approval_id=approval_id)
+    assert (row.status, row.reason) == ("denied", "cancelled")
+
+
+def test_timeout_is_reported_and_the_run_goes_on(conversation, settings):
+    model = ScriptedModel([("", [call("python", APPEND)]), ("Nobody answered.", [])])
+    driver = start(conversation, model, approval_timeout=0.2)
+    driver.finish()
+    assert driver.of("tool_end")[0].data["result"].startswith("Error: nobody decided")
+    assert ToolApproval.objects.get().reason == "timeout"
+    assert runs_file_lines(settings, conversation) == 0
+
+
+def test_iteration_cap(conversation):
+    conversation.confirm_tool_calls = False
+    conversation.save()
+    counter = iter(range(100))
+    model = ScriptedModel(
+        [lambda messages: ("", [call("python", {"code": f"print({next(counter)})"})])],
+        repeat_last=True,
+    )
+    driver = start(conversation, model, max_iterations=3)
+    driver.finish()
+    assert driver.kinds()[-1] == "error"
+    assert "limit of 3 rounds" in driver.seen[-1].data["text"]
+    assert ToolApproval.objects.count() == 3
+    assert len(model.seen) == 4
+
+
+def test_model_error_is_shown_and_history_kept(conversation):
+    Message.objects.create(conversation=conversation, role="user", content="hello")
+    model = ScriptedModel([failing("Could not reach the model server")])
+    driver = start(conversation, model)
+    driver.finish()
+    assert driver.seen[-1].kind == "error"
+    assert "Could not reach" in driver.seen[-1].data["text"]
+    roles = list(conversation.messages.values_list("role", flat=True))
+    assert roles == ["user", "error"]
+
+
+def test_transcript_is_rebuilt_from_rows(conversation, alice):
+    Message.objects.create(conversation=conversation, role="user", content="first question")
+    model = ScriptedModel([("", [call("python", {"code": "print(7)"}, "c1")]), ("It is 7.", [])])
+    conversation.confirm_tool_calls = False
+    conversation.save()
+    start(conversation, model).finish()
+    Message.objects.create(conversation=conversation, role="user", content="again")
+    second = ScriptedModel([("Sure.", [])])
+    start(conversation, second).finish()
+    roles = [m["role"] for m in second.seen[0]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert second.seen[0][3]["content"].strip() == "7"

@@ -1,0 +1,148 @@
+"""The OpenAI-compatible client against a local server speaking the real SSE format."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from approvals.gate import CancelToken
+from chat.llm.base import LLMError, TextDelta, TurnEnd
+from chat.llm.openai_compat import OpenAICompatModel
+from tests.helpers.fake_openai import FakeOpenAI, Reply, content_chunks, tool_call_chunks
+
+TOOLS = [{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}]
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture
+def server():
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+def model_for(base_url: str, timeout: float = 5) -> OpenAICompatModel:
+    return OpenAICompatModel(
+        base_url=base_url, model="fake-model", api_key="sk-test", timeout=timeout
+    )
+
+
+def run(model) -> tuple[list[str], TurnEnd]:
+    chunks = list(model.stream(MESSAGES, TOOLS, cancel=CancelToken()))
+    deltas = [c.text for c in chunks if isinstance(c, TextDelta)]
+    ends = [c for c in chunks if isinstance(c, TurnEnd)]
+    assert len(ends) == 1 and chunks[-1] is ends[0]
+    return deltas, ends[0]
+
+
+def test_streams_content_and_sends_tools(server):
+    server.replies.append(Reply(chunks=content_chunks("Hel", "lo", " world")))
+    deltas, end = run(model_for(server.base_url))
+    assert deltas == ["Hel", "lo", " world"]
+    assert end.content == "Hello world" and end.tool_calls == []
+    request = server.requests[0]
+    assert request["model"] == "fake-model" and request["stream"] is True
+    assert request["tools"] == TOOLS
+    assert request["_auth"] == "Bearer sk-test"
+
+
+def test_native_tool_calls_split_across_chunks(server):
+    chunks = content_chunks("Running.")
+    chunks += tool_call_chunks(0, "call_a", "python", '{"co', 'de": "print(', "1)", '"}')
+    chunks += tool_call_chunks(1, "call_b", "terminal", '{"command"', ': "ls"}')
+    server.replies.append(Reply(chunks=chunks))
+    _, end = run(model_for(server.base_url))
+    assert [(c.id, c.name, c.arguments) for c in end.tool_calls] == [
+        ("call_a", "python", {"code": "print(1)"}),
+        ("call_b", "terminal", {"command": "ls"}),
+    ]
+
+
+def test_native_call_with_broken_arguments_is_reported_not_raised(server):
+    server.replies.append(Reply(chunks=tool_call_chunks(0, "c", "python", '{"code": [1, 2')))
+    _, end = run(model_for(server.base_url))
+    (call,) = end.tool_calls
+    assert call.arguments == {"code": [1, 2]}  # healed: closing brackets added
+    server.replies.append(Reply(chunks=tool_call_chunks(0, "c", "python", "not json at all")))
+    _, end = run(model_for(server.base_url))
+    assert end.tool_calls[0].arguments is None and "could not parse" in end.tool_calls[0].error
+
+
+def test_text_format_tool_call_is_parsed_and_hidden(server):
+    text = (
+        'Let me check.<tool_call>{"name": "python", "arguments": {"code": "print(2)"}}</tool_call>'
+    )
+    # Split the marker itself across chunks: it must never reach the user.
+    server.replies.append(Reply(chunks=content_chunks(text[:15], text[15:20], text[20:])))
+    deltas, end = run(model_for(server.base_url))
+    assert "".join(deltas) == "Let me check."
+    assert end.content == "Let me check."
+    assert [(c.name, c.arguments) for c in end.tool_calls] == [("python", {"code": "print(2)"})]
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        '```json\n{"name": "python", "arguments": {"code": "print(3)"}}\n```',
+        '{"name": "python", "arguments": {"code": "print(3)",},}',
+        "{'name': 'python', 'arguments': {'code': 'print(3)'}}",
+        '{"name": "python", "arguments": {"code": "print(3)"}',
+        '{"name": "python", "arguments": "{\\"code\\": \\"print(3)\\"}"}',
+    ],
+)
+def test_damaged_text_tool_calls_are_healed(server, damaged):
+    server.replies.append(Reply(chunks=content_chunks(f"<tool_call>{damaged}</tool_call>")))
+    deltas, end = run(model_for(server.base_url))
+    assert "".join(deltas) == ""
+    assert [(c.name, c.arguments) for c in end.tool_calls] == [("python", {"code": "print(3)"})]
+
+
+def test_hopeless_text_tool_call_becomes_an_error_call(server):
+    server.replies.append(Reply(chunks=content_chunks("<tool_call>print me</tool_call>")))
+    _, end = run(model_for(server.base_url))
+    assert end.tool_calls[0].arguments is None
+    assert end.tool_calls[0].error
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_server_down_is_a_clear_error():
+    model = model_for(f"http://127.0.0.1:{_closed_port()}/v1")
+    with pytest.raises(LLMError, match="Could not reach the model server"):
+        run(model)
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [(401, "refused the API key"), (404, "answered 404"), (500, "answered HTTP 500")],
+)
+def test_http_errors_are_clear(server, status, message):
+    server.replies.append(Reply(status=status))
+    with pytest.raises(LLMError, match=message):
+        run(model_for(server.base_url))
+
+
+def test_hanging_server_times_out(server):
+    server.replies.append(Reply(hang=True))
+    with pytest.raises(LLMError, match="did not answer in time"):
+        run(model_for(server.base_url, timeout=0.5))
+
+
+def test_garbage_stream_is_a_clear_error(server):
+    server.replies.append(Reply(raw=b"data: {this is not json\n\n"))
+    with pytest.raises(LLMError, match="could not read"):
+        run(model_for(server.base_url))
+
+
+def test_server_dying_mid_stream_is_an_error(server):
+    server.replies.append(Reply(chunks=content_chunks("a", "b", "c", "d"), die_after=2))
+    model = model_for(server.base_url)
+    got = []
+    with pytest.raises(LLMError):
+        for chunk in model.stream(MESSAGES, TOOLS, cancel=CancelToken()):
+            got.append(chunk)
+    assert [c.text for c in got] == ["a", "b"]

@@ -1,0 +1,156 @@
+"""A local OpenAI-compatible server speaking the real streaming wire format.
+
+``FakeOpenAI`` serves ``POST /v1/chat/completions`` on 127.0.0.1 with SSE
+(``data: {...}`` chunks, then ``data: [DONE]``). Each request consumes one
+scripted reply: a list of chunk dicts, an HTTP status, "hang" or raw bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def content_chunks(*pieces: str) -> list[dict]:
+    return [{"choices": [{"index": 0, "delta": {"content": p}}]} for p in pieces]
+
+
+def tool_call_chunks(index: int, call_id: str, name: str, *argument_pieces: str) -> list[dict]:
+    chunks = [
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": index,
+                                "id": call_id,
+                                "type": "function",
+                                "function": {"name": name, "arguments": ""},
+                            }
+                        ]
+                    },
+                }
+            ]
+        }
+    ]
+    for piece in argument_pieces:
+        chunks.append(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {
+                            "tool_calls": [{"index": index, "function": {"arguments": piece}}]
+                        },
+                    }
+                ]
+            }
+        )
+    return chunks
+
+
+class Reply:
+    def __init__(
+        self,
+        *,
+        chunks=None,
+        status=200,
+        hang=False,
+        raw=None,
+        body=None,
+        die_after=None,
+        finish_reason="stop",
+    ):
+        self.chunks = list(chunks or [])
+        if finish_reason:
+            # As real servers do: the last chunk carries the finish reason.
+            self.chunks.append(
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason}]}
+            )
+        self.status = status
+        self.hang = hang
+        self.raw = raw
+        self.body = body
+        self.die_after = die_after  # close the socket after this many chunks
+
+
+class FakeOpenAI:
+    def __init__(self) -> None:
+        self.replies: list[Reply] = []
+        self.requests: list[dict] = []
+        self.release = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", 0))
+                payload = json.loads(self.rfile.read(length) or b"{}")
+                payload["_auth"] = self.headers.get("Authorization", "")
+                server.requests.append(payload)
+                reply = (
+                    server.replies.pop(0) if server.replies else Reply(chunks=content_chunks("ok"))
+                )
+                if reply.hang:
+                    server.release.wait(30)
+                    return
+                if reply.status != 200:
+                    body = json.dumps(
+                        reply.body or {"error": {"message": f"fake error {reply.status}"}}
+                    ).encode()
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                if reply.raw is not None:
+                    self.wfile.write(reply.raw)
+                    self.wfile.flush()
+                    return
+                for i, chunk in enumerate(reply.chunks):
+                    if reply.die_after is not None and i >= reply.die_after:
+                        self.wfile.flush()
+                        self.connection.shutdown(2)
+                        return
+                    base = {
+                        "id": "chatcmpl-1",
+                        "object": "chat.completion.chunk",
+                        "created": int(time.time()),
+                        "model": "fake",
+                    }
+                    self.wfile.write(b"data: " + json.dumps({**base, **chunk}).encode() + b"\n\n")
+                    self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> FakeOpenAI:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
