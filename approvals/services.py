@@ -203,6 +203,7 @@ def _card_broadcast(approval: ToolApproval, html: str) -> None:
             "type": "approval.changed",
             "approval_id": approval.approval_id,
             "status": approval.status,
+            "reason": approval.reason,
             "html": html,
         },
     )

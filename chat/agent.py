@@ -33,7 +33,7 @@ from approvals.services import (
     approval_request,
     approval_wait,
 )
-from chat.llm.base import ChatModel, LLMError, TextDelta, ToolCall, TurnEnd
+from chat.llm.base import ChatModel, LLMError, TextDelta, ToolCall, TurnEnd, new_call_id
 from chat.models import Conversation, Message, Run
 from chat.tools import REGISTRY
 from chat.transcript import transcript_build
@@ -97,6 +97,17 @@ class Agent:
         self.workspace = settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}"
         # (tool, argument hash) of calls that ran without error in this run.
         self.succeeded: set[tuple[str, str]] = set()
+        self.call_ids: set[str] = set()
+        self.turn_message: Message | None = None
+
+    def _unique_ids(self, calls: list[ToolCall]) -> list[ToolCall]:
+        # Some servers number calls per turn ("call_0"); results are matched
+        # by id, so an id must not repeat within a run.
+        for call in calls:
+            if not call.id or call.id in self.call_ids:
+                call.id = new_call_id()
+            self.call_ids.add(call.id)
+        return calls
 
     # -- the loop -----------------------------------------------------------------
 
@@ -135,8 +146,8 @@ class Agent:
                 yield Event("done", {"cancelled": self.cancel.is_set()})
                 return
 
-            calls = turn.tool_calls
-            Message.objects.create(
+            calls = self._unique_ids(turn.tool_calls)
+            self.turn_message = Message.objects.create(
                 conversation=self.conversation,
                 run=self.run,
                 role=Message.Role.ASSISTANT,
@@ -145,7 +156,7 @@ class Agent:
                     {"id": c.id, "name": c.name, "arguments": c.arguments or {}} for c in calls
                 ],
             )
-            yield Event("message_end", {"content": turn.content})
+            yield Event("message_end", {"content": turn.content, "message": self.turn_message})
             if not calls:
                 yield Event("done", {"cancelled": False})
                 return
@@ -249,6 +260,8 @@ class Agent:
                 "approval_id": approval.approval_id,
                 "awaiting_confirmation": awaiting,
                 "approval": approval,
+                "message_id": self.turn_message.pk if self.turn_message else None,
+                "name": call.name,
             },
         )
 
@@ -282,7 +295,10 @@ class Agent:
                 "tool_call_id": call.id,
                 "result": result,
                 "approval_id": approval.approval_id if approval else "",
+                "approval": approval,
                 "message": message,
+                "message_id": self.turn_message.pk if self.turn_message else None,
+                "arguments": call.arguments or {},
             },
         )
 

@@ -1,9 +1,175 @@
-"""Chat services: conversations, messages and runs."""
+"""Chat services: conversations, messages, runs and conversation settings."""
 
 from __future__ import annotations
 
-from chat.models import Conversation
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from approvals.models import ToolApproval, ToolGrant
+from approvals.services import approval_finish, grant_revoke
+from chat.models import Conversation, Message, Run
+from chat.tools import tool_names
+
+logger = logging.getLogger(__name__)
+
+# A running run whose process has not touched its heartbeat for this long is
+# taken to be dead (process killed); its conversation may start a new run.
+RUN_STALE_AFTER = timedelta(seconds=90)
+TITLE_LENGTH = 60
+
+
+class RunBusy(Exception):
+    """The conversation already has a run going."""
 
 
 def conversation_start(*, owner, title: str = "New chat") -> Conversation:
     return Conversation.objects.create(owner=owner, title=title[:200] or "New chat")
+
+
+def conversation_settings_update(
+    *, conversation: Conversation, confirm_tool_calls: bool, enabled_tools: list[str]
+) -> Conversation:
+    known = tool_names()
+    conversation.confirm_tool_calls = confirm_tool_calls
+    conversation.enabled_tools = [name for name in known if name in set(enabled_tools)]
+    conversation.save(update_fields=["confirm_tool_calls", "enabled_tools", "updated_at"])
+    return conversation
+
+
+def conversation_grant_revoke(*, conversation: Conversation, grant_id: int, user) -> bool:
+    grant = ToolGrant.objects.active().filter(pk=grant_id, conversation=conversation).first()
+    if grant is None:
+        return False
+    return grant_revoke(grant=grant, user=user)
+
+
+def run_create(*, conversation_id: int, user, text: str, inbox: str) -> Run:
+    """Claim the conversation for a new run and save the user's message.
+
+    The database's partial unique index makes the claim atomic across
+    processes; a run whose process died (stale heartbeat) is retired first.
+    """
+    conversation = Conversation.objects.get(pk=conversation_id, owner=user)
+    for attempt in range(2):
+        try:
+            with transaction.atomic():
+                run = Run.objects.create(conversation=conversation, started_by=user, inbox=inbox)
+                Message.objects.create(
+                    conversation=conversation, run=run, role=Message.Role.USER, content=text
+                )
+                if conversation.title == "New chat":
+                    conversation.title = _title_from(text)
+                conversation.save(update_fields=["title", "updated_at"])
+            return run
+        except IntegrityError:
+            if attempt or not run_retire_stale(conversation_id=conversation_id):
+                raise RunBusy(conversation_id) from None
+    raise RunBusy(conversation_id)
+
+
+def _title_from(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1] + "…"
+
+
+def run_retire_stale(*, conversation_id: int | None = None) -> int:
+    """Mark running runs with a stale heartbeat as errors and cancel their approvals."""
+    cutoff = timezone.now() - RUN_STALE_AFTER
+    stale = Run.objects.filter(status=Run.Status.RUNNING, heartbeat_at__lt=cutoff)
+    if conversation_id is not None:
+        stale = stale.filter(conversation_id=conversation_id)
+    retired = 0
+    for run in stale.only("id"):
+        updated = Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(
+            status=Run.Status.ERROR,
+            finished_at=timezone.now(),
+            error="The server process running this stopped.",
+        )
+        retired += updated
+        for approval_id in (
+            ToolApproval.objects.pending()
+            .filter(run_id=str(run.pk))
+            .values_list("approval_id", flat=True)
+        ):
+            approval_finish(approval_id=approval_id, reason=ToolApproval.Reason.CANCELLED)
+    return retired
+
+
+def run_heartbeat(*, run_ids: list[str]) -> int:
+    if not run_ids:
+        return 0
+    return Run.objects.filter(pk__in=run_ids, status=Run.Status.RUNNING).update(
+        heartbeat_at=timezone.now()
+    )
+
+
+def run_finish(*, run_id: str, status: str, error: str = "") -> None:
+    Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(
+        status=status, error=error[:2000], finished_at=timezone.now()
+    )
+
+
+# --- reading the transcript for display ---------------------------------------------
+
+
+@dataclass
+class ToolBlock:
+    message_id: int
+    call_id: str
+    name: str
+    arguments: dict
+    approval: ToolApproval | None = None
+    result: Message | None = None
+
+    @property
+    def dom_id(self) -> str:
+        return tool_dom_id(self.message_id, self.call_id)
+
+
+@dataclass
+class Item:
+    message: Message
+    tools: list[ToolBlock] = field(default_factory=list)
+
+
+def tool_dom_id(message_id: int, call_id: str) -> str:
+    safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in call_id)[:80]
+    return f"tool-{message_id}-{safe}"
+
+
+def transcript_items(conversation: Conversation, *, limit: int = 500) -> list[Item]:
+    """Messages in order, each assistant turn with its tool calls, approvals and results."""
+    messages = list(conversation.messages.order_by("-created_at", "-id")[:limit])
+    messages.reverse()
+    approvals = {
+        (a.run_id, a.tool_call_id): a
+        for a in ToolApproval.objects.filter(conversation=conversation)
+        .select_related("decided_by")
+        .order_by("requested_at")
+    }
+    items: list[Item] = []
+    blocks: dict[str, ToolBlock] = {}
+    for m in messages:
+        if m.role == Message.Role.TOOL:
+            block = blocks.get(m.tool_call_id)
+            if block is not None:
+                block.result = m
+            continue
+        item = Item(message=m)
+        if m.role == Message.Role.ASSISTANT:
+            for call in m.tool_calls:
+                block = ToolBlock(
+                    message_id=m.pk,
+                    call_id=call["id"],
+                    name=call["name"],
+                    arguments=call.get("arguments") or {},
+                    approval=approvals.get((str(m.run_id or ""), call["id"])),
+                )
+                blocks[call["id"]] = block
+                item.tools.append(block)
+        items.append(item)
+    return items

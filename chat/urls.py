@@ -9,4 +9,12 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("c/new/", views.conversation_new, name="new"),
     path("c/<int:conversation_id>/", views.conversation_detail, name="conversation"),
+    path("c/<int:conversation_id>/send/", views.conversation_send, name="send"),
+    path("c/<int:conversation_id>/stop/", views.conversation_stop, name="stop"),
+    path("c/<int:conversation_id>/settings/", views.conversation_settings, name="settings"),
+    path(
+        "c/<int:conversation_id>/grants/<int:grant_id>/revoke/",
+        views.grant_revoke,
+        name="grant_revoke",
+    ),
 ]

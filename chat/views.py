@@ -1,14 +1,27 @@
 from __future__ import annotations
 
+from asgiref.sync import sync_to_async
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from approvals.models import ToolApproval
-from chat.models import Conversation
-from chat.services import conversation_start
+from chat import render as fragments
+from chat.consumers import REFUSALS
+from chat.models import Conversation, Run
+from chat.runs import run_launch, run_stop
+from chat.services import (
+    conversation_grant_revoke,
+    conversation_settings_update,
+    conversation_start,
+    transcript_items,
+)
 from studio.http import HtmxHttpRequest
+
+
+def _owned(request: HtmxHttpRequest, conversation_id: int) -> Conversation:
+    return get_object_or_404(Conversation.objects.owned_by(request.user), pk=conversation_id)
 
 
 @require_GET
@@ -21,19 +34,70 @@ def index(request: HtmxHttpRequest) -> HttpResponse:
 @require_POST
 @login_required
 def conversation_new(request: HtmxHttpRequest) -> HttpResponse:
-    conversation = conversation_start(owner=request.user)
-    return redirect(conversation)
+    return redirect(conversation_start(owner=request.user))
 
 
 @require_GET
 @login_required
 def conversation_detail(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
-    conversation = get_object_or_404(
-        Conversation.objects.owned_by(request.user), pk=conversation_id
+    conversation = _owned(request, conversation_id)
+    running = Run.objects.filter(conversation=conversation, status=Run.Status.RUNNING).exists()
+    context = {
+        **fragments.settings_context(conversation),
+        "items": transcript_items(conversation),
+        "running": running,
+    }
+    return render(request, "chat/conversation.html", context)
+
+
+@require_POST
+@login_required
+async def conversation_send(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
+    """Plain-form fallback of the WebSocket's send (works before any script runs)."""
+    user = await request.auser()
+    owned = await Conversation.objects.owned_by(user).filter(pk=conversation_id).aexists()
+    if not owned:
+        raise Http404("No such conversation.")
+    text = request.POST.get("message", "")
+    if len(text) > 20_000:
+        return HttpResponse("Messages are limited to 20,000 characters.", status=400)
+    launch = await run_launch(conversation_id=conversation_id, user=user, text=text)
+    if not launch.ok:
+        await sync_to_async(messages.error)(request, REFUSALS[launch.reason])
+    return redirect("chat:conversation", conversation_id)
+
+
+@require_POST
+@login_required
+def conversation_stop(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
+    conversation = _owned(request, conversation_id)
+    if not run_stop(conversation_id=conversation.pk, user=request.user):
+        messages.info(request, "Nothing is running.")
+    return redirect(conversation)
+
+
+@require_POST
+@login_required
+def conversation_settings(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
+    conversation = _owned(request, conversation_id)
+    conversation_settings_update(
+        conversation=conversation,
+        confirm_tool_calls=request.POST.get("confirm_tool_calls") in ("on", "true", "1"),
+        enabled_tools=request.POST.getlist("enabled_tools"),
     )
-    approvals = ToolApproval.objects.filter(conversation=conversation).select_related("decided_by")
-    return render(
-        request,
-        "chat/conversation.html",
-        {"conversation": conversation, "approvals": approvals.order_by("requested_at")},
-    )
+    if request.htmx:
+        return HttpResponse(fragments.settings_panel(conversation, request=request))
+    return redirect(conversation)
+
+
+@require_POST
+@login_required
+def grant_revoke(request: HtmxHttpRequest, conversation_id: int, grant_id: int) -> HttpResponse:
+    conversation = _owned(request, conversation_id)
+    if not conversation_grant_revoke(
+        conversation=conversation, grant_id=grant_id, user=request.user
+    ):
+        raise Http404("No such grant.")
+    if request.htmx:
+        return HttpResponse(fragments.settings_panel(conversation, request=request))
+    return redirect(conversation)

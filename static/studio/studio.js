@@ -1,0 +1,98 @@
+/* Studio's small amount of glue around htmx and its WebSocket extension. */
+(function () {
+  "use strict";
+
+  // Swap 409 responses too: the decision view answers "already decided" with
+  // the current card, which must replace the stale one.
+  htmx.config.responseHandling = [
+    { code: "204", swap: false },
+    { code: "[23]..", swap: true },
+    { code: "409", swap: true, error: false },
+    { code: "[45]..", swap: false, error: true },
+    { code: "...", swap: false },
+  ];
+
+  function $(id) { return document.getElementById(id); }
+
+  function setConnection(state, label) {
+    var el = $("conn-state");
+    if (!el) return;
+    el.dataset.state = state;
+    el.className = "conn conn-" + state;
+    el.textContent = label;
+  }
+
+  document.addEventListener("htmx:wsConnecting", function () { setConnection("connecting", "Connecting…"); });
+  document.addEventListener("htmx:wsOpen", function () { setConnection("online", "Live"); });
+  document.addEventListener("htmx:wsClose", function (evt) {
+    var code = evt.detail.event && evt.detail.event.code;
+    if (code === 4401 || code === 4404 || code === 4403) {
+      setConnection("offline", "Not allowed — reload the page");
+      return;
+    }
+    setConnection("offline", "Offline — reconnecting…");
+    // The extension retries abnormal closures itself; retry the others too
+    // (a server restart closes with 1001), unless the page is going away.
+    if ([1006, 1011, 1012, 1013].indexOf(code) < 0 && !window.__studioUnloading) {
+      var wrapper = evt.detail.socketWrapper;
+      setTimeout(function () { if (wrapper && wrapper.reconnect) wrapper.reconnect(); }, 1500);
+    }
+  });
+  window.addEventListener("beforeunload", function () { window.__studioUnloading = true; });
+
+  // Enter sends, Shift+Enter makes a new line.
+  document.addEventListener("keydown", function (evt) {
+    var t = evt.target;
+    if (t && t.id === "message-input" && evt.key === "Enter" && !evt.shiftKey && !evt.isComposing) {
+      evt.preventDefault();
+      if (t.value.trim()) t.form.requestSubmit();
+    }
+  });
+
+  var lastSeq = "0";
+  document.addEventListener("htmx:wsAfterMessage", function () {
+    // The server acknowledges each message: clear the box only when it was
+    // accepted, so a refused message is not lost.
+    var state = $("composer-state");
+    if (state && state.dataset.seq !== lastSeq) {
+      lastSeq = state.dataset.seq;
+      if (state.dataset.state === "accepted") {
+        var input = $("message-input");
+        if (input) input.value = "";
+      }
+    }
+    // A message can arrive both in a catch-up and as a live event; keep one.
+    var seen = {};
+    document.querySelectorAll("#transcript .msg[id]").forEach(function (el) {
+      if (seen[el.id]) el.remove(); else seen[el.id] = true;
+    });
+    stickToBottom();
+  });
+
+  var transcriptNearBottom = true;
+  document.addEventListener("scroll", function () {
+    transcriptNearBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 160;
+  }, { passive: true });
+  function stickToBottom() {
+    if (transcriptNearBottom) window.scrollTo(0, document.body.scrollHeight);
+  }
+
+  // A decision that could not be sent: say so; htmx re-enables the buttons.
+  function decisionFailed(evt) {
+    var form = evt.detail.elt && evt.detail.elt.closest && evt.detail.elt.closest("form.decide");
+    if (!form) return;
+    var msg = form.querySelector(".decide-error");
+    if (msg) msg.hidden = false;
+  }
+  document.addEventListener("htmx:responseError", decisionFailed);
+  document.addEventListener("htmx:sendError", decisionFailed);
+  document.addEventListener("htmx:beforeRequest", function (evt) {
+    var form = evt.detail.elt && evt.detail.elt.closest && evt.detail.elt.closest("form.decide");
+    if (form) {
+      var msg = form.querySelector(".decide-error");
+      if (msg) msg.hidden = true;
+    }
+  });
+
+  document.addEventListener("DOMContentLoaded", function () { window.scrollTo(0, document.body.scrollHeight); });
+})();

@@ -1,0 +1,254 @@
+"""ChatConsumer on the real ASGI application, with real runs on the agent pool."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from approvals.models import ToolApproval
+from approvals.services import approval_decide
+from chat import runs
+from chat.models import Message, Run
+from studio.asgi import application
+from tests.factories import make_conversation
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+BOUND = 15.0
+APPROVAL_ID = re.compile(r'data-approval-id="([^"]+)"')
+
+
+@sync_to_async
+def session_cookie(user) -> str:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}"
+
+
+async def open_socket(conversation_id: int, user=None, *, origin: str = "http://127.0.0.1"):
+    headers = [(b"origin", origin.encode()), (b"host", b"127.0.0.1")]
+    if user is not None:
+        headers.append((b"cookie", (await session_cookie(user)).encode()))
+    comm = WebsocketCommunicator(application, f"/ws/c/{conversation_id}/", headers=headers)
+    connected, code = await comm.connect(timeout=BOUND)
+    return comm, connected, code
+
+
+async def receive_until(comm, needle: str | re.Pattern, timeout: float = BOUND) -> str:
+    """All frames up to and including the first that contains ``needle``."""
+    seen = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise AssertionError(f"{needle!r} not received; got:\n" + "\n".join(seen)[-3000:])
+        frame = await comm.receive_from(timeout=remaining)
+        seen.append(frame)
+        if needle.search(frame) if isinstance(needle, re.Pattern) else needle in frame:
+            return "\n".join(seen)
+
+
+async def wait_for(predicate, timeout: float = BOUND) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await sync_to_async(predicate)():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+async def no_runs_left():
+    yield
+    # Stop whatever a failed test left running, and wait for the threads.
+    for local in runs.local_runs().values():
+        local.cancel.cancel()
+    for _ in range(200):
+        if not runs.local_runs():
+            break
+        await asyncio.sleep(0.05)
+    assert not runs.local_runs(), "a run outlived its test"
+
+
+async def send(comm, **data) -> None:
+    await comm.send_to(text_data=json.dumps(data))
+
+
+async def test_anonymous_is_refused(conversation):
+    comm, connected, code = await open_socket(conversation.pk)
+    assert not connected and code == 4401
+
+
+async def test_other_members_conversation_is_refused(conversation, bob):
+    comm, connected, code = await open_socket(conversation.pk, bob)
+    assert not connected and code == 4404
+
+
+async def test_unknown_conversation_is_refused(alice):
+    comm, connected, code = await open_socket(999999, alice)
+    assert not connected
+
+
+async def test_foreign_origin_is_refused(conversation, alice):
+    comm, connected, _ = await open_socket(conversation.pk, alice, origin="http://evil.example")
+    assert not connected
+
+
+async def test_connect_sends_the_current_state(conversation, alice):
+    await sync_to_async(Message.objects.create)(
+        conversation=conversation, role="user", content="earlier"
+    )
+    comm, connected, _ = await open_socket(conversation.pk, alice)
+    assert connected
+    frame = await comm.receive_from(timeout=BOUND)
+    assert 'id="transcript"' in frame and "earlier" in frame
+    assert 'id="run-controls"' in frame and 'data-running="false"' in frame
+    await comm.disconnect()
+
+
+async def test_message_streams_fragments(conversation, alice):
+    comm, _, _ = await open_socket(conversation.pk, alice)
+    await comm.receive_from(timeout=BOUND)  # catch-up
+    await send(comm, message="hello there")
+    frames = await receive_until(comm, 'data-running="false"')
+    assert 'data-state="accepted"' in frames
+    assert "hello there" in frames  # the user's bubble
+    assert "stream-" in frames and 'hx-swap-oob="beforeend:#stream-' in frames
+    assert "demo model" in frames  # the final, rendered answer
+    # Deltas are batched: far fewer frames than words.
+    answer = await sync_to_async(
+        lambda: conversation.messages.filter(role="assistant").last().content
+    )()
+    assert frames.count("beforeend:#stream-") < len(answer.split()) / 3
+    await comm.disconnect()
+
+
+async def test_tool_call_card_then_decision_then_result(conversation, alice):
+    comm, _, _ = await open_socket(conversation.pk, alice)
+    await comm.receive_from(timeout=BOUND)
+    await send(comm, message="run python: print(6 * 7)")
+    frames = await receive_until(comm, 'data-status="pending"')
+    approval_id = APPROVAL_ID.findall(frames)[-1]
+    for decision in ("allow", "always", "deny"):
+        assert f'value="{decision}"' in frames
+    assert "print(6 * 7)" in frames
+    await sync_to_async(approval_decide)(approval_id=approval_id, user=alice, decision="allow")
+    frames = await receive_until(comm, 'data-running="false"')
+    assert 'data-status="allowed"' in frames
+    assert re.search(r"<pre class=\"output\">42\s*</pre>", frames)
+    await comm.disconnect()
+
+
+async def test_pool_full_tells_the_user(conversation, alice, settings):
+    settings.STUDIO_AGENT_WORKERS = 1
+    comm, _, _ = await open_socket(conversation.pk, alice)
+    await comm.receive_from(timeout=BOUND)
+    await send(comm, message="run python: print(1)")
+    await receive_until(comm, 'data-status="pending"')  # parked: holds the only worker
+    other = await sync_to_async(make_conversation)(alice)
+    comm2, _, _ = await open_socket(other.pk, alice)
+    await comm2.receive_from(timeout=BOUND)
+    await send(comm2, message="hello")
+    frames = await receive_until(comm2, "composer-state")
+    assert "server is busy" in frames and 'data-state="refused"' in frames
+    assert not await sync_to_async(other.messages.exists)()
+    await send(comm, action="stop")
+    await receive_until(comm, 'data-running="false"')
+    await comm.disconnect()
+    await comm2.disconnect()
+
+
+async def test_second_message_during_a_run_is_refused(conversation, alice):
+    comm, _, _ = await open_socket(conversation.pk, alice)
+    await comm.receive_from(timeout=BOUND)
+    await send(comm, message="run python: print(1)")
+    await receive_until(comm, 'data-status="pending"')
+    await send(comm, message="are you there?")
+    frames = await receive_until(comm, 'data-state="refused"')
+    assert "still working on your previous message" in frames
+    assert not await sync_to_async(conversation.messages.filter(content="are you there?").exists)()
+    await send(comm, action="stop")
+    await receive_until(comm, 'data-running="false"')
+    await comm.disconnect()
+
+
+async def test_run_continues_after_the_socket_closes(conversation, alice):
+    comm, _, _ = await open_socket(conversation.pk, alice)
+    await comm.receive_from(timeout=BOUND)
+    await send(comm, message="run python: print(6 * 7)")
+    frames = await receive_until(comm, 'data-status="pending"')
+    approval_id = APPROVAL_ID.findall(frames)[-1]
+    await comm.disconnect()
+    assert runs.local_runs()  # still running without any socket
+    await sync_to_async(approval_decide)(approval_id=approval_id, user=alice, decision="allow")
+    await wait_for(lambda: Run.objects.filter(conversation=conversation, status="done").exists())
+    result = await sync_to_async(lambda: conversation.messages.filter(role="tool").get().content)()
+    assert result.strip() == "42"
+
+
+async def test_stop_cancels_the_run_and_its_pending_card(conversation, alice):
+    comm, _, _ = await open_socket(conversation.pk, alice)
+    await comm.receive_from(timeout=BOUND)
+    await send(comm, message="run python: print(1)")
+    await receive_until(comm, 'data-status="pending"')
+    await send(comm, action="stop")
+    frames = await receive_until(comm, 'data-running="false"')
+    assert "Cancelled" in frames
+    approval = await sync_to_async(ToolApproval.objects.get)()
+    assert (approval.status, approval.reason) == ("denied", "cancelled")
+    run = await sync_to_async(Run.objects.get)()
+    assert run.status == "cancelled"
+    await comm.disconnect()
+
+
+async def test_every_tab_sees_the_decision(conversation, alice):
+    tab1, _, _ = await open_socket(conversation.pk, alice)
+    tab2, _, _ = await open_socket(conversation.pk, alice)
+    await tab1.receive_from(timeout=BOUND)
+    await tab2.receive_from(timeout=BOUND)
+    await send(tab1, message="run python: print(1)")
+    frames = await receive_until(tab2, 'data-status="pending"')
+    approval_id = APPROVAL_ID.findall(frames)[-1]
+    await sync_to_async(approval_decide)(approval_id=approval_id, user=alice, decision="deny")
+    for tab in (tab1, tab2):
+        frames = await receive_until(tab, 'data-status="denied"')
+        assert approval_id in frames
+    await receive_until(tab1, 'data-running="false"')
+    await tab1.disconnect()
+    await tab2.disconnect()
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        "not json",
+        "[1, 2]",
+        json.dumps({"action": "explode"}),
+        json.dumps({"message": 42}),
+        "x" * 70000,
+    ],
+)
+async def test_bad_frames_get_a_notice_and_change_nothing(conversation, alice, frame):
+    comm, _, _ = await open_socket(conversation.pk, alice)
+    await comm.receive_from(timeout=BOUND)
+    await comm.send_to(text_data=frame)
+    frames = await receive_until(comm, 'id="notice"')
+    assert "notice-error" in frames
+    assert not await sync_to_async(Message.objects.exists)()
+    assert not await sync_to_async(Run.objects.exists)()
+    await comm.disconnect()
+
+
+async def test_binary_frame_gets_a_notice(conversation, alice):
+    comm, _, _ = await open_socket(conversation.pk, alice)
+    await comm.receive_from(timeout=BOUND)
+    await comm.send_to(bytes_data=b"\x00\x01")
+    assert "only understands text" in await receive_until(comm, 'id="notice"')
+    await comm.disconnect()
