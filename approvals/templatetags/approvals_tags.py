@@ -8,7 +8,8 @@ register = template.Library()
 
 # Arguments shown as code blocks rather than JSON values.
 CODE_ARGUMENTS = {"code", "command", "script", "source"}
-ICONS = {"python": "🐍", "terminal": "⌨", "web_fetch": "🌐"}
+# Plain-text glyphs: they render without any emoji font installed.
+ICONS = {"python": "py", "terminal": ">_", "web_fetch": "www"}
 
 
 @register.filter
@@ -27,4 +28,4 @@ def display_arguments(arguments: object) -> list[dict]:
 
 @register.filter
 def tool_icon(tool_name: str) -> str:
-    return ICONS.get(tool_name, "🔧")
+    return ICONS.get(tool_name, "fn")

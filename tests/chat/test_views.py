@@ -1,0 +1,125 @@
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from approvals.models import ToolGrant
+from chat.models import Conversation, Message
+from tests.factories import make_approval, make_conversation
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def alice_client(alice) -> Client:
+    client = Client()
+    client.force_login(alice)
+    return client
+
+
+@pytest.mark.parametrize("name", ["chat:index"])
+def test_login_is_required(client, name):
+    response = client.get(reverse(name))
+    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+
+
+def test_login_page_is_public(client):
+    assert client.get(reverse("login")).status_code == 200
+
+
+def test_index_lists_only_my_conversations_newest_first(alice_client, alice, bob):
+    older = make_conversation(alice, title="Older")
+    newer = make_conversation(alice, title="Newer")
+    make_conversation(bob, title="Bob's secret")
+    html = alice_client.get(reverse("chat:index")).content.decode()
+    assert html.index("Newer") < html.index("Older")
+    assert "Bob&#x27;s secret" not in html and "Bob's secret" not in html
+    assert older.get_absolute_url() in html and newer.get_absolute_url() in html
+
+
+def test_new_chat(alice_client, alice):
+    response = alice_client.post(reverse("chat:new"))
+    conversation = Conversation.objects.get(owner=alice)
+    assert response["Location"] == conversation.get_absolute_url()
+    assert conversation.confirm_tool_calls is True
+
+
+def test_other_members_conversation_is_404(alice_client, bob):
+    theirs = make_conversation(bob)
+    assert alice_client.get(theirs.get_absolute_url()).status_code == 404
+    assert alice_client.post(reverse("chat:settings", args=[theirs.pk]), {}).status_code == 404
+    assert alice_client.post(reverse("chat:stop", args=[theirs.pk])).status_code == 404
+    assert (
+        alice_client.post(reverse("chat:send", args=[theirs.pk]), {"message": "x"}).status_code
+        == 404
+    )
+    assert not theirs.messages.exists()
+
+
+def test_page_renders_history_with_live_and_decided_cards(alice_client, conversation, alice):
+    Message.objects.create(conversation=conversation, role="user", content="please run it")
+    pending = make_approval(conversation, tool_call_id="c1")
+    denied = make_approval(
+        conversation,
+        tool_call_id="c2",
+        arguments={"code": "import os"},
+        status="denied",
+        reason="user",
+        decided_by=alice,
+        note="too risky",
+    )
+    Message.objects.create(
+        conversation=conversation,
+        role="assistant",
+        content="Running.",
+        tool_calls=[
+            {"id": "c1", "name": "python", "arguments": pending.arguments},
+            {"id": "c2", "name": "python", "arguments": denied.arguments},
+        ],
+    )
+    html = alice_client.get(conversation.get_absolute_url()).content.decode()
+    assert "please run it" in html
+    live = html.split(f'data-approval-id="{pending.approval_id}"')[1].split("</article>")[0]
+    assert 'data-status="pending"' in html and 'value="allow"' in live
+    decided = html.split(f'data-approval-id="{denied.approval_id}"')[1].split("</article>")[0]
+    assert "Denied by alice" in decided and "too risky" in decided
+    assert 'value="allow"' not in decided
+    assert f'ws-connect="/ws/c/{conversation.pk}/"' in html
+    assert "csrfmiddlewaretoken" in html  # plain forms work before any script runs
+
+
+def test_settings_update_and_grant_revoke(alice_client, conversation, alice):
+    url = reverse("chat:settings", args=[conversation.pk])
+    response = alice_client.post(
+        url, {"enabled_tools": ["python", "bogus"]}, HTTP_HX_REQUEST="true"
+    )
+    assert response.status_code == 200 and 'id="settings"' in response.content.decode()
+    conversation.refresh_from_db()
+    assert conversation.confirm_tool_calls is False
+    assert conversation.enabled_tools == ["python"]
+    grant = ToolGrant.objects.create(
+        conversation=conversation, tool_name="python", granted_by=alice
+    )
+    revoke = reverse("chat:grant_revoke", args=[conversation.pk, grant.pk])
+    assert alice_client.post(revoke).status_code == 302
+    grant.refresh_from_db()
+    assert grant.revoked_at is not None and grant.revoked_by == alice
+    assert alice_client.post(revoke).status_code == 404  # already revoked
+
+
+def test_grants_of_other_conversations_cannot_be_revoked(alice_client, alice, bob):
+    mine = make_conversation(alice)
+    theirs = make_conversation(bob)
+    grant = ToolGrant.objects.create(conversation=theirs, tool_name="python", granted_by=bob)
+    response = alice_client.post(reverse("chat:grant_revoke", args=[mine.pk, grant.pk]))
+    assert response.status_code == 404
+    grant.refresh_from_db()
+    assert grant.revoked_at is None
+
+
+def test_posts_need_csrf(alice, conversation):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(alice)
+    assert client.post(reverse("chat:settings", args=[conversation.pk]), {}).status_code == 403
+    assert client.post(reverse("chat:new")).status_code == 403
