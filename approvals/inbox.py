@@ -12,14 +12,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import weakref
+from collections.abc import Awaitable, Callable
 
 from channels.layers import get_channel_layer
+from django.conf import settings
 
 logger = logging.getLogger(__name__)
 
 _handlers: dict[str, Callable[[dict], None]] = {}
-_state: dict[str, object] = {"name": "", "loop": None, "task": None}
+_state: dict[str, object] = {"name": "", "loop": None, "task": None, "watch": None}
+# Bound methods called (on the event loop) when Redis restarted and lost every
+# group. Weak: a consumer that crashed without disconnect() must not linger.
+_reset_callbacks: dict[int, weakref.WeakMethod] = {}
+
+
+def on_layer_reset(callback: Callable[[], Awaitable[None]]) -> None:
+    _reset_callbacks[id(callback.__self__)] = weakref.WeakMethod(callback)
+
+
+def off_layer_reset(callback: Callable[[], Awaitable[None]]) -> None:
+    _reset_callbacks.pop(id(callback.__self__), None)
 
 
 def register_handler(message_type: str, handler: Callable[[dict], None]) -> None:
@@ -48,22 +61,31 @@ async def ensure_inbox() -> str:
     if _state["loop"] is loop and task is not None and not task.done():
         return str(_state["name"])
     layer = get_channel_layer()
-    name = await layer.new_channel("studio.inbox.")
+    # Default prefix on purpose: channels-redis receives all of a process's
+    # "specific." channels through one Redis list under one lock; a channel
+    # with another prefix would hold that lock on its own list and starve
+    # every consumer of the process.
+    name = await layer.new_channel()
     # Re-check: another coroutine may have won the race while we awaited.
     task = _state["task"]
     if _state["loop"] is loop and task is not None and not task.done():
         return str(_state["name"])
     _state.update(name=name, loop=loop, task=loop.create_task(_listen(layer, name)))
+    if settings.REDIS_URL:
+        _state["watch"] = loop.create_task(
+            _watch_redis(settings.REDIS_URL, settings.STUDIO_LAYER_WATCH_SECONDS)
+        )
     return name
 
 
 async def stop_inbox() -> None:
-    task = _state["task"]
-    _state.update(name="", loop=None, task=None)
-    if task is not None and not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+    tasks = [_state["task"], _state["watch"]]
+    _state.update(name="", loop=None, task=None, watch=None)
+    for task in tasks:
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 def dispatch(message: dict) -> None:
@@ -94,3 +116,39 @@ async def _listen(layer, name: str) -> None:
             continue
         delay = 0.1
         dispatch(message)
+
+
+async def _watch_redis(url: str, interval: float) -> None:
+    """Notice a Redis restart (its run_id changes) and tell the consumers.
+
+    Redis keeps nothing on disk here, so a restart forgets every group: each
+    consumer must join again and re-send its tab the current state. One INFO
+    call per process per interval, whatever the number of sockets.
+    """
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    last = None
+    try:
+        while True:
+            try:
+                run_id = (await client.info("server")).get("run_id")
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                run_id = None  # down for now; compare again once it is back
+            if run_id and last and run_id != last:
+                callbacks = [ref() for ref in list(_reset_callbacks.values())]
+                callbacks = [c for c in callbacks if c is not None]
+                logger.warning("Redis restarted: re-joining %d socket(s)", len(callbacks))
+                for callback in callbacks:
+                    try:
+                        await callback()
+                    except Exception:
+                        logger.warning("layer reset callback failed", exc_info=True)
+            if run_id:
+                last = run_id
+            await asyncio.sleep(interval)
+    finally:
+        with contextlib.suppress(Exception):
+            await client.aclose()

@@ -2,7 +2,8 @@
 
 Only services call these, and only after commit. Delivery is at most once:
 a failed send is logged, never raised, because the row is the truth and the
-waiter re-reads it on its poll interval.
+waiter re-reads it on its poll interval. A send that fails on a connection
+Redis closed (it restarted) is retried once on a fresh one.
 """
 
 from __future__ import annotations
@@ -16,33 +17,35 @@ from channels.layers import get_channel_layer
 logger = logging.getLogger(__name__)
 
 
+def _deliver(what: str, target: str, message: dict, send) -> bool:
+    for attempt in (1, 2):
+        try:
+            async_to_sync(send)(target, message)
+            return True
+        except ChannelFull:
+            logger.warning("%s %s is full; %s dropped", what, target, message.get("type"))
+            return False
+        except Exception:
+            if attempt == 2:
+                logger.warning(
+                    "%s send to %s failed; %s dropped",
+                    what,
+                    target,
+                    message.get("type"),
+                    exc_info=True,
+                )
+    return False
+
+
 def layer_send(channel: str, message: dict) -> bool:
     layer = get_channel_layer()
     if layer is None or not channel:
         return False
-    try:
-        async_to_sync(layer.send)(channel, message)
-    except ChannelFull:
-        logger.warning("channel %s is full; %s dropped", channel, message.get("type"))
-        return False
-    except Exception:
-        logger.warning("send to %s failed; %s dropped", channel, message.get("type"), exc_info=True)
-        return False
-    return True
+    return _deliver("channel", channel, message, layer.send)
 
 
 def group_send(group: str, message: dict) -> bool:
     layer = get_channel_layer()
     if layer is None:
         return False
-    try:
-        async_to_sync(layer.group_send)(group, message)
-    except ChannelFull:
-        logger.warning("group %s is full; %s dropped", group, message.get("type"))
-        return False
-    except Exception:
-        logger.warning(
-            "group send to %s failed; %s dropped", group, message.get("type"), exc_info=True
-        )
-        return False
-    return True
+    return _deliver("group", group, message, layer.group_send)

@@ -5,7 +5,7 @@ import json
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from approvals.inbox import ensure_inbox
+from approvals.inbox import ensure_inbox, off_layer_reset, on_layer_reset
 from chat import render
 from chat.models import Conversation
 from chat.runs import run_launch, run_stop
@@ -72,6 +72,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.group = conversation.group_name
         self.seq = 0
         await ensure_inbox()
+        on_layer_reset(self._rejoin)
         # Join before accepting, then catch up: whatever happened between the
         # page render and now is in the state we send.
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -81,7 +82,15 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         # The run belongs to the conversation: leaving does not cancel it.
         if self.conversation_id is not None:
+            off_layer_reset(self._rejoin)
             await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def _rejoin(self) -> None:
+        """Redis restarted and forgot our group: join again and catch the tab up."""
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        conversation = await _conversation_for(self.conversation_id, self.user)
+        if conversation is not None:
+            await self.send(text_data=await _catch_up(conversation))
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if text_data is None:

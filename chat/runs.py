@@ -39,7 +39,6 @@ AGENT_POOL = ThreadPoolExecutor(
     max_workers=settings.STUDIO_AGENT_WORKERS, thread_name_prefix="studio-agent"
 )
 FLUSH_SECONDS = 0.05
-HEARTBEAT_SECONDS = 30
 # Housekeeping gets its own thread so a full AGENT_POOL cannot starve it.
 _MAINTENANCE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="studio-maint")
 
@@ -68,7 +67,7 @@ def _heartbeat_once() -> None:
 async def _heartbeat_loop() -> None:
     """Tell the database this process's runs are alive (see RUN_STALE_AFTER)."""
     while True:
-        await asyncio.sleep(HEARTBEAT_SECONDS)
+        await asyncio.sleep(settings.STUDIO_RUN_HEARTBEAT_SECONDS)
         try:
             await sync_to_async(_heartbeat_once, thread_sensitive=False, executor=_MAINTENANCE)()
         except Exception:

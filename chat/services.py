@@ -6,19 +6,17 @@ import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolGrant
-from approvals.services import approval_finish, grant_revoke
+from approvals.services import grant_revoke
 from chat.models import Conversation, Message, Run
 from chat.tools import tool_names
 
 logger = logging.getLogger(__name__)
 
-# A running run whose process has not touched its heartbeat for this long is
-# taken to be dead (process killed); its conversation may start a new run.
-RUN_STALE_AFTER = timedelta(seconds=90)
 TITLE_LENGTH = 60
 
 
@@ -66,7 +64,7 @@ def run_create(*, conversation_id: int, user, text: str, inbox: str) -> Run:
                 conversation.save(update_fields=["title", "updated_at"])
             return run
         except IntegrityError:
-            if attempt or not run_retire_stale(conversation_id=conversation_id):
+            if attempt or not run_retire_stale(conversation_id=conversation_id)[0]:
                 raise RunBusy(conversation_id) from None
     raise RunBusy(conversation_id)
 
@@ -76,27 +74,38 @@ def _title_from(text: str) -> str:
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1] + "…"
 
 
-def run_retire_stale(*, conversation_id: int | None = None) -> int:
-    """Mark running runs with a stale heartbeat as errors and cancel their approvals."""
-    cutoff = timezone.now() - RUN_STALE_AFTER
-    stale = Run.objects.filter(status=Run.Status.RUNNING, heartbeat_at__lt=cutoff)
+def stale_runs(*, conversation_id: int | None = None):
+    """Running runs whose process stopped refreshing their heartbeat (it died)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.STUDIO_RUN_STALE_SECONDS)
+    runs = Run.objects.filter(status=Run.Status.RUNNING, heartbeat_at__lt=cutoff)
     if conversation_id is not None:
-        stale = stale.filter(conversation_id=conversation_id)
-    retired = 0
-    for run in stale.only("id"):
-        updated = Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(
-            status=Run.Status.ERROR,
-            finished_at=timezone.now(),
-            error="The server process running this stopped.",
-        )
-        retired += updated
-        for approval_id in (
-            ToolApproval.objects.pending()
-            .filter(run_id=str(run.pk))
-            .values_list("approval_id", flat=True)
-        ):
-            approval_finish(approval_id=approval_id, reason=ToolApproval.Reason.CANCELLED)
-    return retired
+        runs = runs.filter(conversation_id=conversation_id)
+    return runs
+
+
+def run_retire_stale(
+    *, conversation_id: int | None = None, dry_run: bool = False
+) -> tuple[int, int]:
+    """Mark dead runs as errors and expire their pending approvals.
+
+    Three queries whatever the number of rows. Returns (runs, approvals).
+    """
+    ids = list(stale_runs(conversation_id=conversation_id).values_list("id", flat=True))
+    if not ids:
+        return 0, 0
+    approvals = ToolApproval.objects.pending().filter(run_id__in=[str(i) for i in ids])
+    if dry_run:
+        return len(ids), approvals.count()
+    now = timezone.now()
+    retired = Run.objects.filter(pk__in=ids, status=Run.Status.RUNNING).update(
+        status=Run.Status.ERROR,
+        finished_at=now,
+        error="The server process running this stopped.",
+    )
+    expired = approvals.update(
+        status=ToolApproval.Status.DENIED, reason=ToolApproval.Reason.EXPIRED, decided_at=now
+    )
+    return retired, expired
 
 
 def run_heartbeat(*, run_ids: list[str]) -> int:

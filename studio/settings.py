@@ -179,8 +179,14 @@ LOGGING = {
 STUDIO_APPROVAL_TIMEOUT = env_float("STUDIO_APPROVAL_TIMEOUT", 3600, minimum=0.01)
 STUDIO_APPROVAL_POLL_SECONDS = env_float("STUDIO_APPROVAL_POLL_SECONDS", 2, minimum=0.01)
 STUDIO_NOTE_MAX_LENGTH = 2000
+# How often each process checks whether Redis restarted (and lost its groups).
+STUDIO_LAYER_WATCH_SECONDS = env_float("STUDIO_LAYER_WATCH_SECONDS", 5, minimum=0.1)
 # Tools the admin lets run without a prompt for everybody (still recorded).
 STUDIO_AUTO_ALLOW_TOOLS = env_list("STUDIO_AUTO_ALLOW_TOOLS", [])
+# A process refreshes its runs' heartbeat this often; a running run whose
+# heartbeat is older than the stale limit belongs to a dead process.
+STUDIO_RUN_HEARTBEAT_SECONDS = env_float("STUDIO_RUN_HEARTBEAT_SECONDS", 30, minimum=0.1)
+STUDIO_RUN_STALE_SECONDS = env_float("STUDIO_RUN_STALE_SECONDS", 90, minimum=0.3)
 STUDIO_AGENT_WORKERS = env_int("STUDIO_AGENT_WORKERS", 64, minimum=1)
 STUDIO_MAX_TOOL_ITERATIONS = env_int("STUDIO_MAX_TOOL_ITERATIONS", 25, minimum=1)
 STUDIO_TOOL_TIMEOUT = env_float("STUDIO_TOOL_TIMEOUT", 300, minimum=0.1)

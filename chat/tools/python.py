@@ -8,16 +8,16 @@ from pathlib import Path
 
 from approvals.gate import CancelToken
 from chat.tools.base import Tool
-from chat.tools.sandbox import _sandbox_ids, run_sandboxed
+from chat.tools.sandbox import can_drop_privileges, run_sandboxed
 
 
 def sandbox_python() -> str:
-    # When we drop to "nobody", the interpreter must be readable by it; the
-    # server's own may live in a private home (pyenv under /root).
+    # When we drop privileges, the interpreter must be readable by the
+    # sandbox uid; the server's own may live in a private home (/root/.pyenv).
     configured = os.environ.get("STUDIO_SANDBOX_PYTHON")
     if configured:
         return configured
-    if _sandbox_ids() is not None and os.access("/usr/bin/python3", os.X_OK):
+    if can_drop_privileges() and os.access("/usr/bin/python3", os.X_OK):
         return "/usr/bin/python3"
     return sys.executable
 

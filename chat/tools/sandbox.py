@@ -7,31 +7,38 @@ What the sandbox guarantees:
 * its own process group and session, killed as a whole at the wall-clock
   timeout or on cancel;
 * ``resource`` limits on CPU time, address space, file size, open files and
-  processes; when the server runs as root the child drops to ``nobody`` so
-  the process limit is enforced at all (the kernel exempts root);
+  processes;
+* when the server runs as root, the child runs as an unprivileged uid of its
+  own conversation (``SANDBOX_UID_BASE + conversation id``), so the process
+  limit is enforced at all (the kernel exempts root), the working folder
+  (mode 0700) is unreadable to other conversations' tools, and the server's
+  private files (secret key, SQLite database: mode 0600) are out of reach;
 * a per-conversation working folder as its current directory and ``HOME``;
 * output capped, saying how much was cut.
 
-It is a resource and secrets sandbox, not a filesystem jail: the program can
-read what ``nobody`` (or the server's user) can read.
+It is not a full filesystem jail: the program can read what any
+unprivileged user can read (world-readable system files and source code).
+Without root (a developer's laptop) the uid switch is skipped.
 """
 
 from __future__ import annotations
 
 import os
-import pwd
+import re
 import resource
 import signal
 import subprocess
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from approvals.gate import CancelToken
 
 OUTPUT_CAP = 64 * 1024
-SANDBOX_USER = "nobody"
+SANDBOX_UID_BASE = 200_000
+_CONVERSATION_DIR = re.compile(r"^conversation-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -73,24 +80,32 @@ def _describe_exit(code: int) -> str:
     return f"status {code}"
 
 
-def _sandbox_ids() -> tuple[int, int] | None:
-    if os.geteuid() != 0:
+def can_drop_privileges() -> bool:
+    return os.geteuid() == 0
+
+
+def sandbox_ids(workspace: Path) -> tuple[int, int] | None:
+    """The uid/gid a tool of this workspace runs as, or None without root."""
+    if not can_drop_privileges():
         return None
-    try:
-        entry = pwd.getpwnam(SANDBOX_USER)
-    except KeyError:
-        return None
-    return entry.pw_uid, entry.pw_gid
+    match = _CONVERSATION_DIR.match(workspace.name)
+    if match:
+        offset = int(match.group(1)) % 1_000_000_000
+    else:
+        offset = 1_000_000_000 + zlib.crc32(str(workspace).encode()) % 100_000_000
+    uid = SANDBOX_UID_BASE + offset
+    return uid, uid
 
 
 def prepare_workspace(path: Path) -> Path:
-    """Create the working folder, owned by the sandbox user when we drop to it."""
+    """Create the working folder, private to the uid its tools run as."""
     path.mkdir(parents=True, exist_ok=True)
-    ids = _sandbox_ids()
+    ids = sandbox_ids(path)
     if ids is not None:
         os.chown(path, *ids)
-        # Every ancestor up to the root must be traversable by that user.
-        path.parent.chmod(path.parent.stat().st_mode | 0o111)
+        path.chmod(0o700)
+        # The root of all workspaces must be traversable (not listable).
+        path.parent.chmod((path.parent.stat().st_mode | 0o111) & ~0o066)
     return path
 
 
@@ -136,7 +151,7 @@ def run_sandboxed(
 ) -> SandboxResult:
     limits = limits or Limits()
     prepare_workspace(workspace)
-    ids = _sandbox_ids()
+    ids = sandbox_ids(workspace)
     proc = subprocess.Popen(  # noqa: S603 - argv is built by the tool, never a shell string
         argv,
         cwd=workspace,

@@ -24,7 +24,7 @@ from approvals.services import (
 )
 from tests.factories import make_conversation
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anydb]
 
 LONG_POLL = 60.0  # longer than any bound below: only a wake can end a wait early
 BOUND = 10.0

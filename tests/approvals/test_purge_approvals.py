@@ -108,3 +108,22 @@ def _queries_for(conversation, n: int) -> int:
 
 def test_query_count_is_flat(conversation):
     assert _queries_for(conversation, 10) == _queries_for(conversation, 1000)
+
+
+def test_pending_rows_of_a_dead_process_are_expired_at_once(conversation, settings):
+    from chat.models import Run
+    from tests.factories import make_run
+
+    settings.STUDIO_RUN_STALE_SECONDS = 90
+    dead = make_run(conversation)
+    Run.objects.filter(pk=dead.pk).update(heartbeat_at=timezone.now() - timedelta(minutes=5))
+    orphan = make_approval(conversation, run_id=str(dead.pk))
+    alive_conversation = make_approval(conversation)  # no run: left to the timeout rule
+    out = purge("--dry-run")
+    assert "Would retire 1 run(s)" in out
+    assert state(orphan) == ("pending", "")
+    out = purge()
+    assert "Retired 1 run(s) of dead server processes with 1 pending" in out
+    assert state(orphan) == ("denied", "expired")
+    assert state(alive_conversation) == ("pending", "")
+    assert Run.objects.get(pk=dead.pk).status == "error"

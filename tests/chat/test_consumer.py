@@ -18,7 +18,7 @@ from chat.models import Message, Run
 from studio.asgi import application
 from tests.factories import make_conversation
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.anydb]
 
 BOUND = 15.0
 APPROVAL_ID = re.compile(r'data-approval-id="([^"]+)"')
@@ -252,3 +252,35 @@ async def test_binary_frame_gets_a_notice(conversation, alice):
     await comm.send_to(bytes_data=b"\x00\x01")
     assert "only understands text" in await receive_until(comm, 'id="notice"')
     await comm.disconnect()
+
+
+async def test_model_server_dying_mid_stream(conversation, alice, settings):
+    """An error in the chat, the history intact, and the conversation usable again."""
+    from tests.helpers.fake_openai import FakeOpenAI, Reply, content_chunks
+
+    with FakeOpenAI() as fake:
+        settings.LLM_BASE_URL = fake.base_url
+        fake.replies.append(
+            Reply(chunks=content_chunks("Part", "ial ", "answer ", "lost"), die_after=2)
+        )
+        fake.replies.append(Reply(chunks=content_chunks("Back ", "again.")))
+        comm, _, _ = await open_socket(conversation.pk, alice)
+        await comm.receive_from(timeout=BOUND)
+        await send(comm, message="first question")
+        frames = await receive_until(comm, 'data-running="false"')
+        assert "msg-error" in frames and "closed the stream before the reply was finished" in frames
+        await send(comm, message="second question")
+        frames = await receive_until(comm, 'data-running="false"')
+        assert "Back again." in frames
+        await comm.disconnect()
+    rows = await sync_to_async(lambda: list(conversation.messages.values_list("role", "content")))()
+    assert rows == [
+        ("user", "first question"),
+        ("assistant", "Partial "),
+        ("error", rows[2][1]),
+        ("user", "second question"),
+        ("assistant", "Back again."),
+    ]
+    # The model was sent the whole history the second time, the cut reply included.
+    sent = [m["content"] for m in fake.requests[1]["messages"][1:]]
+    assert sent == ["first question", "Partial ", "second question"]

@@ -80,7 +80,7 @@ def test_fork_bomb_is_stopped(workspace):
     )
     out = python(code, workspace, timeout=5)
     if os.geteuid() == 0:
-        # As root the sandbox drops to "nobody", where RLIMIT_NPROC applies.
+        # As root the sandbox drops to an unprivileged uid: RLIMIT_NPROC applies.
         assert "fork refused after" in out
         assert int(out.split("after")[1].split()[0]) < 200
     else:
@@ -212,3 +212,48 @@ def test_web_fetch_allow_private_setting(settings, site):
     assert fetch(site + "/page").startswith("Error: refusing")
     settings.STUDIO_WEB_FETCH_ALLOW_PRIVATE = True
     assert fetch(site + "/page").startswith("HTTP 200")
+
+
+# --- escaping the workspace ------------------------------------------------------------
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="uid separation needs root (CI runs as root)"
+)
+
+
+@pytest.mark.django_db
+@needs_root
+def test_tools_cannot_read_the_servers_private_files(workspace):
+    from django.conf import settings as django_settings
+    from django.db import connection
+
+    connection.ensure_connection()  # the permission guard runs on connect
+    targets = [
+        str(django_settings.BASE_DIR / ".secret_key"),
+        str(connection.settings_dict["NAME"]),
+        "/proc/1/environ",
+        f"/proc/{os.getpid()}/environ",
+    ]
+    code = (
+        "import sys\n"
+        f"for path in {targets!r}:\n"
+        "    try:\n"
+        "        open(path, 'rb').read(16); print('READ', path)\n"
+        "    except OSError as e:\n"
+        "        print('DENIED', path, type(e).__name__)\n"
+    )
+    out = python(code, workspace)
+    assert "READ" not in out, out
+    assert out.count("DENIED") == len(targets)
+
+
+@needs_root
+def test_one_conversations_tool_cannot_read_anothers_workspace(workspace_root):
+    mine = workspace_root / "conversation-9001"
+    theirs = workspace_root / "conversation-9002"
+    python("open('secret.txt', 'w').write('for 9002 only')", theirs)
+    assert (theirs / "secret.txt").exists()
+    for path in (theirs / "secret.txt", "../conversation-9002/secret.txt"):
+        out = python(f"print(open({str(path)!r}).read())", mine)
+        assert "for 9002 only" not in out
+        assert "PermissionError" in out

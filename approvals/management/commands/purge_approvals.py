@@ -8,13 +8,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import ToolApproval
+from chat.services import run_retire_stale
 
 
 class Command(BaseCommand):
     help = (
         "Expire pending tool approvals whose waiter can no longer be alive (marked "
         "denied, reason 'expired') and delete decided approvals older than --older-than "
-        "days. Safe to run repeatedly, e.g. from cron."
+        "days. Pending approvals of runs whose server process died (stale heartbeat) "
+        "are expired at once. Safe to run repeatedly, e.g. from cron."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -61,10 +63,12 @@ class Command(BaseCommand):
         old = ToolApproval.objects.decided_before(before=now - timedelta(days=older_than))
 
         if dry_run:
+            dead_runs, orphaned = run_retire_stale(dry_run=True)
             expire_count, delete_count = stale.count(), old.count()
             verb = "Would expire"
         else:
             with transaction.atomic():
+                dead_runs, orphaned = run_retire_stale()
                 # One UPDATE and one DELETE, whatever the number of rows. Rows
                 # expired now are fresh (decided_at=now), so the delete below
                 # never takes them in the same run.
@@ -75,6 +79,13 @@ class Command(BaseCommand):
                 )
                 delete_count, _ = old.delete()
             verb = "Expired"
+        if verbosity >= 1 and dead_runs:
+            self.stdout.write(
+                self.style.NOTICE(
+                    f"{'Would retire' if dry_run else 'Retired'} {dead_runs} run(s) of dead "
+                    f"server processes with {orphaned} pending approval(s)."
+                )
+            )
         if verbosity >= 1:
             style = self.style.NOTICE if dry_run else self.style.SUCCESS
             deleted = "would delete" if dry_run else "deleted"
