@@ -78,6 +78,18 @@ class Gate:
         self._lock = threading.Lock()
         self._slots: dict[str, Slot] = {}
         self._by_run: dict[str, set[str]] = {}
+        # When the process's poller last re-read the waiting rows (monotonic).
+        self.polled_at = float("-inf")
+
+    def poller_alive(self, interval: float) -> bool:
+        """True while a process-wide poller re-reads rows for the waiters."""
+        import time
+
+        return time.monotonic() - self.polled_at < 3 * interval + 1
+
+    def waiting_ids(self) -> list[str]:
+        with self._lock:
+            return [a for a, slot in self._slots.items() if slot.waiting]
 
     def register(self, approval_id: str, *, run_id: str = "") -> Slot:
         if not approval_id:
@@ -132,6 +144,7 @@ class Gate:
             slots = list(self._slots.values())
             self._slots.clear()
             self._by_run.clear()
+            self.polled_at = float("-inf")
         for slot in slots:
             slot.wake()
 

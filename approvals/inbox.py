@@ -14,6 +14,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -21,7 +22,10 @@ from django.conf import settings
 logger = logging.getLogger(__name__)
 
 _handlers: dict[str, Callable[[dict], None]] = {}
-_state: dict[str, object] = {"name": "", "loop": None, "task": None, "watch": None}
+_state: dict[str, object] = {"name": "", "loop": None, "task": None, "watch": None, "poll": None}
+# The poller's queries get a thread of their own: a full agent pool or a busy
+# thread-sensitive executor must not delay the fallback that wakes waiters.
+_POLL_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="studio-poll")
 # Bound methods called (on the event loop) when Redis restarted and lost every
 # group. Weak: a consumer that crashed without disconnect() must not linger.
 _reset_callbacks: dict[int, weakref.WeakMethod] = {}
@@ -71,6 +75,7 @@ async def ensure_inbox() -> str:
     if _state["loop"] is loop and task is not None and not task.done():
         return str(_state["name"])
     _state.update(name=name, loop=loop, task=loop.create_task(_listen(layer, name)))
+    _state["poll"] = loop.create_task(_poll_waiters(settings.STUDIO_APPROVAL_POLL_SECONDS))
     if settings.REDIS_URL:
         _state["watch"] = loop.create_task(
             _watch_redis(settings.REDIS_URL, settings.STUDIO_LAYER_WATCH_SECONDS)
@@ -79,8 +84,8 @@ async def ensure_inbox() -> str:
 
 
 async def stop_inbox() -> None:
-    tasks = [_state["task"], _state["watch"]]
-    _state.update(name="", loop=None, task=None, watch=None)
+    tasks = [_state["task"], _state["watch"], _state["poll"]]
+    _state.update(name="", loop=None, task=None, watch=None, poll=None)
     for task in tasks:
         if task is not None and not task.done():
             task.cancel()
@@ -152,3 +157,29 @@ async def _watch_redis(url: str, interval: float) -> None:
     finally:
         with contextlib.suppress(Exception):
             await client.aclose()
+
+
+def _poll_once() -> None:
+    from django.db import connections
+
+    from approvals.services import approval_poll_waiters
+
+    try:
+        approval_poll_waiters()
+    finally:
+        connections.close_all()
+
+
+async def _poll_waiters(interval: float) -> None:
+    """Every interval, re-read this process's waiting rows (covers lost wakes)."""
+    from asgiref.sync import sync_to_async
+
+    while True:
+        try:
+            await sync_to_async(_poll_once, thread_sensitive=False, executor=_POLL_EXECUTOR)()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Database down: waiters notice the poller is stale and poll themselves.
+            logger.warning("approval poller failed", exc_info=True)
+        await asyncio.sleep(interval)

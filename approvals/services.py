@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.template.loader import render_to_string
 from django.utils import timezone
 
@@ -41,6 +41,8 @@ DECISIONS: dict[str, tuple[str, str, bool]] = {
 }
 
 REJECTION_TEXT = "The user declined to run this tool call."
+# With a process poller running, a waiter still re-checks on its own this often.
+SELF_CHECK_SECONDS = 30.0
 
 
 class ApprovalNotFound(Exception):
@@ -278,10 +280,42 @@ def approval_wait(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return approval_finish(approval_id=slot.approval_id, reason=Reason.TIMEOUT)
-            slot.event.wait(min(poll, remaining))
+            if gate.poller_alive(poll):
+                # The process's poller re-reads every waiting row in one query
+                # per interval and wakes us; we only check that it still runs.
+                wait_for = min(remaining, max(poll, SELF_CHECK_SECONDS))
+            else:
+                wait_for = min(remaining, poll)
+            # A parked run must not hold a database connection for an hour
+            # (a thousand of them would exhaust PostgreSQL's max_connections).
+            if not connection.in_atomic_block:
+                connection.close()
+            slot.event.wait(wait_for)
     finally:
         unsubscribe()
         gate.discard(slot)
+
+
+def approval_poll_waiters(*, gate: Gate = GATE) -> int:
+    """Re-read every waiting row of this process at once; wake the decided ones.
+
+    One query per 500 waiters per poll interval, instead of one per waiter:
+    this is what covers a lost channel message for a thousand parked runs.
+    """
+    ids = gate.waiting_ids()
+    woken = 0
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        pending = set(
+            ToolApproval.objects.pending()
+            .filter(approval_id__in=chunk)
+            .values_list("approval_id", flat=True)
+        )
+        for approval_id in chunk:
+            if approval_id not in pending and gate.wake(approval_id):
+                woken += 1
+    gate.polled_at = time.monotonic()
+    return woken
 
 
 def wake_from_message(message: dict) -> None:

@@ -18,7 +18,14 @@ BOUND = 30
 
 
 def park_waiter(conversation, *, poll: float, timeout: float):
-    proc = spawn("waiter_proc.py", str(conversation.pk), str(poll), str(timeout))
+    # The child's process-wide poller runs at the same interval as its waiter.
+    proc = spawn(
+        "waiter_proc.py",
+        str(conversation.pk),
+        str(poll),
+        str(timeout),
+        STUDIO_APPROVAL_POLL_SECONDS=str(poll),
+    )
     info = json.loads(read_line(proc, BOUND))
     assert info["inbox"], "the child process should record its inbox on the row"
     return proc, info["approval_id"]

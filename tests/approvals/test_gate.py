@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import pytest
 from django.db import connections
@@ -291,3 +292,34 @@ def test_register_refuses_an_empty_or_duplicate_id(gate):
     gate.register("abc")
     with pytest.raises(ValueError):
         gate.register("abc")
+
+
+def test_process_poller_wakes_a_waiter_whose_wake_was_lost(conversation, gate):
+    from django.utils import timezone
+
+    from approvals.services import approval_poll_waiters
+
+    approval, slot = request(conversation, gate)
+    gate.polled_at = time.monotonic()  # a poller runs: the waiter does not poll itself
+    waiter = Waiter(slot, gate)
+    waiter.start()
+    assert waiter.started_waiting.wait(BOUND)
+    # Decided behind the gate's back (as if the wake message was lost).
+    ToolApproval.objects.filter(pk=approval.pk).update(
+        status="allowed", reason="user", decided_at=timezone.now()
+    )
+    for _ in range(100):  # the waiter marks itself waiting right after starting
+        if approval.approval_id in gate.waiting_ids():
+            break
+        time.sleep(0.01)
+    assert approval_poll_waiters(gate=gate) == 1
+    assert waiter.finish().status == "allowed"
+
+
+def test_poller_leaves_pending_rows_alone(conversation, gate):
+    from approvals.services import approval_poll_waiters
+
+    _, slot = request(conversation, gate)
+    slot.waiting = True
+    assert approval_poll_waiters(gate=gate) == 0
+    assert not slot.event.is_set()
