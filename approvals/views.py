@@ -1,22 +1,43 @@
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_required
+from django.db import close_old_connections
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from approvals.services import ApprovalNotFound, InvalidDecision, approval_decide
+from approvals.services import (
+    ApprovalNotFound,
+    DecideResult,
+    InvalidDecision,
+    approval_decide,
+)
 from studio.http import HtmxHttpRequest, wants_json
+
+# Decisions run here, not on Django's single thread for sync views: a burst
+# of a thousand decisions must not queue behind page renders (or each other).
+DECISION_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="studio-decide")
+
+
+def _decide(**kwargs) -> DecideResult:
+    close_old_connections()
+    try:
+        return approval_decide(**kwargs)
+    finally:
+        close_old_connections()
 
 
 @require_POST
 @login_required
-def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
+async def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
     """Record Allow / Always allow / Deny; the first decision wins (409 after)."""
     try:
-        result = approval_decide(
+        result = await sync_to_async(_decide, thread_sensitive=False, executor=DECISION_POOL)(
             approval_id=approval_id,
-            user=request.user,
+            user=await request.auser(),
             decision=request.POST.get("decision", ""),
             note=request.POST.get("note", ""),
         )
@@ -41,8 +62,8 @@ def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
             response["HX-Reswap"] = "outerHTML"
         return response
     if result.resolved:
-        return redirect(approval.conversation)
-    return render(
+        return redirect("chat:conversation", approval.conversation_id)
+    return await sync_to_async(render)(
         request,
         "approvals/already_decided.html",
         {"approval": approval, "card_html": result.card_html},

@@ -49,6 +49,21 @@ def tool_block_for_event(data: dict) -> str:
     return tool_block(block)
 
 
+def tool_output(data: dict) -> str:
+    """Only the result part of a tool block: the card was already pushed."""
+    from chat.services import tool_dom_id
+
+    return render_to_string(
+        "chat/_tool_output.html",
+        {
+            "dom_id": tool_dom_id(data["message_id"], data["tool_call_id"]),
+            "call_id": data["tool_call_id"],
+            "result": data.get("message"),
+            "oob": True,
+        },
+    )
+
+
 def stream_open(stream_id: str) -> str:
     return render_to_string("chat/_stream.html", {"stream_id": stream_id})
 

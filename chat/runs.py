@@ -234,6 +234,8 @@ class Publisher:
             self.send(f'{drop}<div hx-swap-oob="beforeend:#transcript">{html}</div>')
             self.turn += 1
             self.stream_open = False
+        elif kind == "tool_end" and data.get("approval") is not None:
+            self.send(render.tool_output(data))
         elif kind in ("tool_start", "tool_end"):
             self.send(render.tool_block_for_event(data))
             if kind == "tool_start" and data["awaiting_confirmation"]:

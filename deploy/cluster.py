@@ -34,8 +34,14 @@ class DaphneProcess:
     """One daphne serving Studio on 127.0.0.1:<port> with the given environment."""
 
     def __init__(
-        self, *, env: dict[str, str], port: int | None = None, log_path: Path | None = None
+        self,
+        *,
+        env: dict[str, str],
+        port: int | None = None,
+        log_path: Path | None = None,
+        app: str = "studio.asgi:application",
     ):
+        self.app = app
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
@@ -56,7 +62,7 @@ class DaphneProcess:
                 "127.0.0.1",
                 "-p",
                 str(self.port),
-                "studio.asgi:application",
+                self.app,
             ],
             cwd=ROOT,
             env=self.env,

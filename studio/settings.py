@@ -44,7 +44,6 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
-    "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
@@ -55,7 +54,6 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -97,12 +95,27 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     # IMMEDIATE takes the write lock at BEGIN, so racing writers queue on the
     # timeout instead of failing with "database is locked" on upgrade.
     _db.setdefault("OPTIONS", {}).update(
-        {"transaction_mode": "IMMEDIATE", "timeout": env_float("STUDIO_SQLITE_TIMEOUT", 20)}
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": env_float("STUDIO_SQLITE_TIMEOUT", 20),
+            # WAL: readers never block the writer, and a commit is an append
+            # (synced at checkpoints) instead of two fsyncs of a rollback journal.
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
     )
     # Tests use a file, not shared-cache memory: threads and child processes
     # must see the same database and honour the busy timeout.
     _db["TEST"] = {
         "NAME": str(BASE_DIR / f".test-{env_str('STUDIO_TEST_DB_SUFFIX', 'db')}.sqlite3")
+    }
+if _db["ENGINE"] == "django.db.backends.postgresql":
+    # A pool: runs close their connection while they wait (a thousand parked
+    # runs must not hold a thousand connections) and take one back cheaply;
+    # a burst of woken runs queues for a connection instead of failing.
+    _db.setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": env_int("STUDIO_DB_POOL_SIZE", 20, minimum=2),
+        "timeout": 60,
     }
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -150,10 +163,10 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-# WhiteNoise serves from the finders when DEBUG (no collectstatic needed) and
-# from STATIC_ROOT in production; `make run` collects either way.
-WHITENOISE_USE_FINDERS = True
-WHITENOISE_AUTOREFRESH = DEBUG
+# studio/asgi.py serves /static/ itself (from the finders: no collectstatic
+# needed), so one daphne process is a complete deployment. Every middleware
+# is async-capable: a request never queues behind another on Django's one
+# thread for sync code.
 
 # Behind an HTTPS proxy: secure cookies and trust its X-Forwarded-Proto.
 if env_bool("STUDIO_HTTPS", False):

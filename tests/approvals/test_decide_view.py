@@ -9,7 +9,8 @@ from django.urls import reverse
 from approvals.models import ToolApproval
 from tests.factories import make_approval
 
-pytestmark = pytest.mark.django_db
+# The view decides on a worker thread of its own: it must see committed rows.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anydb]
 
 
 @pytest.fixture

@@ -1,0 +1,118 @@
+"""Shared set-up for the benchmarks: a fresh database, servers, users, sessions."""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+APPROVAL_ID = re.compile(r'data-approval-id="([^"]+)"')
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def setup_django(database_url: str, redis_url: str = "") -> None:
+    """Point this process at the benchmark database (migrated fresh) and set Django up."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = "studio.settings"
+    # Production mode (no query log, no debug extras), one key for all processes.
+    os.environ["DJANGO_DEBUG"] = "False"
+    os.environ["DJANGO_SECRET_KEY"] = "bench-secret-key-not-for-production-0123456789abcdef"
+    os.environ["DATABASE_URL"] = database_url
+    if redis_url:
+        os.environ["REDIS_URL"] = redis_url
+    else:
+        os.environ.pop("REDIS_URL", None)
+    if database_url.startswith("sqlite:///"):
+        path = Path(database_url[len("sqlite:///") :])
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(str(path) + suffix).unlink(missing_ok=True)
+    else:
+        name = database_url.rsplit("/", 1)[1]
+        admin = database_url.rsplit("/", 1)[0] + "/postgres"
+        for sql in (f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"CREATE DATABASE {name}"):
+            subprocess.run(["psql", admin, "-qc", sql], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT,
+        check=True,
+        env=dict(os.environ),
+    )
+    import django
+
+    django.setup()
+
+
+def server_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        STUDIO_WORKSPACE_ROOT="/tmp/studio-bench-ws",
+        STUDIO_LOG_LEVEL="WARNING",
+        PYTHONPATH=str(ROOT),
+    )
+    env.update(extra)
+    return env
+
+
+def make_member(username: str = "bench"):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    user = get_user_model().objects.create_user(username, password="bench-password-123")
+    client = Client()
+    client.force_login(user)
+    return user, client.cookies["sessionid"].value
+
+
+def make_conversation(user, **fields):
+    from chat.models import Conversation
+
+    fields.setdefault("enabled_tools", ["echo"])
+    return Conversation.objects.create(owner=user, title="bench", **fields)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return 0
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def summary_ms(values: list[float]) -> str:
+    ms = [v * 1000 for v in values]
+    return (
+        f"n={len(ms)} p50={statistics.median(ms):.2f} ms p95={percentile(ms, 95):.2f} ms "
+        f"p99={percentile(ms, 99):.2f} ms max={max(ms):.2f} ms"
+    )
+
+
+class Timer:
+    def __enter__(self):
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.start

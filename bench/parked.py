@@ -1,0 +1,176 @@
+"""Benchmark 2: N runs parked on pending approvals in one daphne process.
+
+While they wait: first-fragment latency of a brand-new conversation, RSS per
+parked run, threads, idle CPU. Then all N are decided at once: every run must
+resolve correctly; time to drain.
+
+    .venv/bin/python bench/parked.py --sizes 100 500 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import harness
+import httpx
+from websockets.asyncio.client import connect
+
+from deploy.cluster import DaphneProcess
+
+
+def park(server, session: str, csrf: str, conversation_ids: list[int]) -> None:
+    def send(conversation_id: int) -> None:
+        with httpx.Client(
+            base_url=server.url, cookies={"sessionid": session, "csrftoken": csrf}
+        ) as c:
+            r = c.post(
+                f"/c/{conversation_id}/send/",
+                data={"message": f"echo parked-{conversation_id}"},
+                headers={"X-CSRFToken": csrf},
+                timeout=60,
+            )
+            assert r.status_code == 302, r.status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(send, conversation_ids))
+
+
+def wait_for(predicate, timeout: float, what: str) -> float:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+async def first_fragment_latency(server, session: str, conversation_ids: list[int]) -> list[float]:
+    latencies = []
+    for conversation_id in conversation_ids:
+        async with connect(
+            f"{server.ws_url}/ws/c/{conversation_id}/",
+            additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url},
+        ) as ws:
+            await asyncio.wait_for(ws.recv(), 10)  # catch-up
+            t0 = time.perf_counter()
+            await ws.send(json.dumps({"message": "stream 5"}))
+            while True:
+                frame = await asyncio.wait_for(ws.recv(), 10)
+                if '-body">' in frame and "beforeend:#stream-" in frame:
+                    latencies.append(time.perf_counter() - t0)
+                    break
+            while 'data-running="false"' not in frame:
+                frame = await asyncio.wait_for(ws.recv(), 10)
+    return latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 500, 1000])
+    parser.add_argument("--probes", type=int, default=40)
+    args = parser.parse_args()
+
+    harness.setup_django(f"sqlite:///{harness.ROOT / 'bench' / '.bench-parked.sqlite3'}")
+    from approvals.models import ToolApproval
+    from chat.models import Message, Run
+
+    user, session = harness.make_member()
+    server = DaphneProcess(
+        env=harness.server_env(STUDIO_AGENT_WORKERS=str(max(args.sizes) + 100)),
+        app="bench.asgi:application",
+        log_path=harness.ROOT / "bench" / ".bench-parked.log",
+    ).start()
+    http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=60)
+    http.get("/")
+    csrf = http.cookies["csrftoken"]
+    try:
+        for n in args.sizes:
+            ToolApproval.objects.all().delete()
+            Run.objects.all().delete()
+            time.sleep(1)
+            rss0, cpu_idle0 = harness.rss_kb(server.pid), None
+            conversations = [harness.make_conversation(user).pk for _ in range(n)]
+            t_park = time.monotonic()
+            park(server, session, csrf, conversations)
+            wait_for(lambda: ToolApproval.objects.pending().count() == n, 300, f"{n} pending")
+            park_s = time.monotonic() - t_park
+            time.sleep(2)
+            rss1, threads = harness.rss_kb(server.pid), harness.threads(server.pid)
+            cpu_idle0 = harness.cpu_seconds(server.pid)
+            time.sleep(10)
+            idle_cpu = (harness.cpu_seconds(server.pid) - cpu_idle0) / 10
+            probes = [
+                harness.make_conversation(user, enabled_tools=[]).pk for _ in range(args.probes)
+            ]
+            latencies = asyncio.run(first_fragment_latency(server, session, probes))
+
+            pending = list(ToolApproval.objects.pending().values_list("approval_id", flat=True))
+            t0 = time.monotonic()
+
+            def decide(approval_id: str) -> int:
+                return (
+                    http_pool_client()
+                    .post(
+                        f"/approvals/{approval_id}/decide/",
+                        data={"decision": "allow"},
+                        headers={"X-CSRFToken": csrf, "Accept": "application/json"},
+                    )
+                    .status_code
+                )
+
+            clients = {}
+
+            def http_pool_client():
+                import threading
+
+                key = threading.get_ident()
+                if key not in clients:
+                    clients[key] = httpx.Client(
+                        base_url=server.url,
+                        cookies={"sessionid": session, "csrftoken": csrf},
+                        timeout=60,
+                    )
+                return clients[key]
+
+            with ThreadPoolExecutor(16) as pool:
+                codes = list(pool.map(decide, pending))
+            posted = time.monotonic() - t0
+            drain = posted + wait_for(
+                lambda: (
+                    Run.objects.filter(status="done", conversation_id__in=conversations).count()
+                    == n
+                ),
+                300,
+                "runs to finish",
+            )
+            for c in clients.values():
+                c.close()
+            results = dict(
+                Message.objects.filter(role="tool", conversation_id__in=conversations).values_list(
+                    "conversation_id", "content"
+                )
+            )
+            correct = sum(results.get(cid) == f"parked-{cid}" for cid in conversations)
+            print(f"--- N = {n} parked runs")
+            print(f"  parking took {park_s:.1f} s; threads {threads}; RSS {rss1 / 1024:.0f} MB")
+            print(f"  RSS per parked run: {(rss1 - rss0) / n:.0f} KB")
+            print(f"  idle CPU while parked: {idle_cpu * 100:.1f} % of one core")
+            print(f"  new conversation, first streamed fragment: {harness.summary_ms(latencies)}")
+            print(
+                f"  decision POSTs: {codes.count(200)} x 200 of {n}, all posted in {posted:.2f} s"
+            )
+            print(
+                f"  drain (first POST -> all {n} runs done): {drain:.2f} s; correct results {correct}/{n}"
+            )
+            print(f"  mean first-fragment latency {statistics.fmean(latencies) * 1000:.1f} ms")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

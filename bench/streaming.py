@@ -1,0 +1,92 @@
+"""Benchmark 4: streaming to one browser socket.
+
+The scripted model emits T tokens as fast as it can; we measure tokens per
+second delivered to the WebSocket (first to last content frame) and channel
+messages (WebSocket frames) per token.
+
+    .venv/bin/python bench/streaming.py --tokens 20000 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import harness
+from websockets.sync.client import connect
+
+from deploy.cluster import DaphneProcess
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=20000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--rates",
+        type=float,
+        nargs="+",
+        default=[0, 2000, 10000],
+        help="model pace in tokens/s; 0 = as fast as the model loop can",
+    )
+    args = parser.parse_args()
+    harness.setup_django(f"sqlite:///{harness.ROOT / 'bench' / '.bench-streaming.sqlite3'}")
+    user, session = harness.make_member()
+    server = DaphneProcess(
+        env=harness.server_env(),
+        app="bench.asgi:application",
+        log_path=harness.ROOT / "bench" / ".bench-streaming.log",
+    ).start()
+    results = {}
+    try:
+        for pace in args.rates:
+            results[pace] = run(server, user, session, args.tokens, args.repeats, pace)
+    finally:
+        server.stop()
+    for pace, (rates, per_token, e2e) in results.items():
+        label = f"model paced at {pace:,.0f} tok/s" if pace else "model unpaced"
+        print(
+            f"{label}: delivered {statistics.median(rates):,.0f} tok/s to one socket "
+            f"(first->last content frame; end-to-end send->last token {statistics.median(e2e):,.0f} tok/s), "
+            f"{statistics.median(per_token):.4f} channel messages per token, "
+            f"median of {args.repeats} x {args.tokens} tokens"
+        )
+
+
+def run(server, user, session, tokens, repeats, pace):
+    rates, per_token, e2e = [], [], []
+    if True:
+        for _ in range(repeats):
+            conversation = harness.make_conversation(user, enabled_tools=[])
+            with connect(
+                f"{server.ws_url}/ws/c/{conversation.pk}/",
+                additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url},
+                max_size=None,
+            ) as ws:
+                ws.recv(timeout=10)
+                sent = time.perf_counter()
+                command = f"stream {tokens} {pace}" if pace else f"stream {tokens}"
+                ws.send(json.dumps({"message": command}))
+                first = last = None
+                frames = received = 0
+                while True:
+                    frame = ws.recv(timeout=60)
+                    if "beforeend:#stream-" in frame and '-body">' in frame:
+                        now = time.perf_counter()
+                        first = first or now
+                        last = now
+                        frames += 1
+                        received += frame.count("tok")
+                    if 'data-running="false"' in frame:
+                        break
+            assert received == tokens, (received, tokens)
+            rates.append(tokens / (last - first) if last > first else float("inf"))
+            e2e.append(tokens / (last - sent))
+            per_token.append(frames / tokens)
+    return rates, per_token, e2e
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Benchmark 3: two daphne processes on PostgreSQL + Redis.
+
+The WebSocket on process A, the decision POST on process B: cross-process
+round trip (decision POST -> tool_end fragment on A), Redis client
+connections per process (must stay constant), then 1000 parked runs across
+the two processes, each decided through the other one: all resolved, no
+ChannelFull.
+
+    .venv/bin/python bench/two_process.py --approvals 300 --parked 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import harness
+import httpx
+from websockets.sync.client import connect
+
+from deploy.cluster import DaphneProcess
+
+DATABASE_URL = "postgres://postgres@127.0.0.1:5432/studio_bench"
+REDIS_URL = "redis://127.0.0.1:6379/5"
+
+
+def redis_connections(pid: int) -> int:
+    out = subprocess.run(
+        ["ss", "-Htnp", "state", "established", "dst", "127.0.0.1:6379"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    return sum(1 for line in out.splitlines() if f"pid={pid}," in line)
+
+
+def recv_until(ws, needle: str, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    seen = []
+    while True:
+        frame = ws.recv(timeout=max(0.001, deadline - time.monotonic()))
+        seen.append(frame)
+        if needle in frame:
+            return "\n".join(seen)
+
+
+class Http:
+    """One httpx client per thread and server."""
+
+    def __init__(self, session: str) -> None:
+        self.session = session
+        self.local = threading.local()
+        self.csrf = ""
+
+    def client(self, server) -> httpx.Client:
+        clients = getattr(self.local, "clients", None)
+        if clients is None:
+            clients = self.local.clients = {}
+        if server.url not in clients:
+            c = httpx.Client(base_url=server.url, cookies={"sessionid": self.session}, timeout=60)
+            if not self.csrf:
+                c.get("/")
+                self.csrf = c.cookies["csrftoken"]
+            c.cookies.set("csrftoken", self.csrf)
+            clients[server.url] = c
+        return clients[server.url]
+
+    def post(self, server, path: str, data: dict, json_reply: bool = True) -> httpx.Response:
+        client = self.client(server)
+        headers = {"X-CSRFToken": self.csrf}
+        if json_reply:
+            headers["Accept"] = "application/json"
+        return client.post(path, data=data, headers=headers)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--approvals", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--parked", type=int, default=1000)
+    args = parser.parse_args()
+
+    subprocess.run(["redis-cli", "-n", "5", "flushdb"], check=True, capture_output=True)
+    harness.setup_django(DATABASE_URL, REDIS_URL)
+    from approvals.models import ToolApproval
+    from chat.models import Message, Run
+
+    user, session = harness.make_member()
+    env = harness.server_env(STUDIO_AGENT_WORKERS=str(args.parked // 2 + 100))
+    logs = [harness.ROOT / "bench" / f".bench-two-{name}.log" for name in "ab"]
+    for log in logs:
+        log.unlink(missing_ok=True)
+    a, b = (
+        DaphneProcess(env=env, app="bench.asgi:application", log_path=log).start() for log in logs
+    )
+    http = Http(session)
+    try:
+        conns = {"start": (redis_connections(a.pid), redis_connections(b.pid))}
+        # -- cross-process round trip ---------------------------------------------
+        latencies, ws = [], None
+        for i in range(args.warmup + args.approvals):
+            if i % 50 == 0:
+                if ws is not None:
+                    ws.close()
+                conversation = harness.make_conversation(user)
+                ws = connect(
+                    f"{a.ws_url}/ws/c/{conversation.pk}/",
+                    additional_headers={"Cookie": f"sessionid={session}", "Origin": a.url},
+                )
+                recv_until(ws, 'id="transcript"')
+            ws.send(json.dumps({"message": f"echo {i}"}))
+            approval_id = harness.APPROVAL_ID.findall(recv_until(ws, 'data-status="pending"'))[-1]
+            t0 = time.perf_counter()
+            response = http.post(b, f"/approvals/{approval_id}/decide/", {"decision": "allow"})
+            recv_until(ws, "data-tool-result=")
+            t1 = time.perf_counter()
+            assert response.status_code == 200, response.text
+            recv_until(ws, 'data-running="false"')
+            if i >= args.warmup:
+                latencies.append(t1 - t0)
+        ws.close()
+        conns["after round trips"] = (redis_connections(a.pid), redis_connections(b.pid))
+        print(
+            "cross-process round trip (POST on B -> tool_end on A's socket):",
+            harness.summary_ms(latencies),
+        )
+
+        # -- parked runs across both processes -------------------------------------
+        ToolApproval.objects.all().delete()
+        Run.objects.all().delete()
+        half = args.parked // 2
+        plan = [
+            (a if i < half else b, harness.make_conversation(user).pk) for i in range(args.parked)
+        ]
+
+        def send(item) -> int:
+            server, cid = item
+            return http.post(
+                server, f"/c/{cid}/send/", {"message": f"echo parked-{cid}"}, json_reply=False
+            ).status_code
+
+        t_park = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            assert set(pool.map(send, plan)) == {302}
+        deadline = time.monotonic() + 600
+        while ToolApproval.objects.pending().count() < args.parked:
+            assert time.monotonic() < deadline, "runs did not park"
+            time.sleep(0.1)
+        park_s = time.monotonic() - t_park
+        conns["while parked"] = (redis_connections(a.pid), redis_connections(b.pid))
+        rss = (harness.rss_kb(a.pid), harness.rss_kb(b.pid))
+        thr = (harness.threads(a.pid), harness.threads(b.pid))
+
+        # Each decision goes to the process that does NOT host the run.
+        host = {str(r.pk): r.inbox for r in Run.objects.filter(status="running")}
+        inbox_a = (
+            Run.objects.filter(conversation_id=plan[0][1]).values_list("inbox", flat=True).first()
+        )
+        pending = list(ToolApproval.objects.pending().values_list("approval_id", "run_id"))
+
+        def decide(item) -> int:
+            approval_id, run_id = item
+            other = b if host[run_id] == inbox_a else a
+            return http.post(
+                other, f"/approvals/{approval_id}/decide/", {"decision": "allow"}
+            ).status_code
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            codes = list(pool.map(decide, pending))
+        posted = time.monotonic() - t0
+        cids = [cid for _, cid in plan]
+        while Run.objects.filter(status="done", conversation_id__in=cids).count() < args.parked:
+            assert time.monotonic() < deadline + 600, "runs did not finish"
+            time.sleep(0.05)
+        drain = time.monotonic() - t0
+        conns["after drain"] = (redis_connections(a.pid), redis_connections(b.pid))
+        results = dict(
+            Message.objects.filter(role="tool", conversation_id__in=cids).values_list(
+                "conversation_id", "content"
+            )
+        )
+        correct = sum(results.get(cid) == f"parked-{cid}" for cid in cids)
+        full = sum(log.read_text().count("is full") for log in logs)
+        print(
+            f"{args.parked} parked runs ({half} per process): parked in {park_s:.1f} s; "
+            f"RSS A/B {rss[0] // 1024}/{rss[1] // 1024} MB; threads A/B {thr[0]}/{thr[1]}"
+        )
+        print(
+            f"  decisions through the other process: {codes.count(200)} x 200 of {len(codes)} "
+            f"in {posted:.1f} s; drain {drain:.1f} s; correct results {correct}/{args.parked}; "
+            f"ChannelFull in logs: {full}"
+        )
+        print(
+            "Redis client connections per process (A, B):",
+            "; ".join(f"{k} {v}" for k, v in conns.items()),
+        )
+    finally:
+        a.stop()
+        b.stop()
+
+
+if __name__ == "__main__":
+    main()
