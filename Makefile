@@ -25,7 +25,6 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 run: $(VENV)/.runtime
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_login
-	$(PY) manage.py collectstatic --noinput -v 0
 	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) studio.asgi:application
 
 test: $(VENV)/.dev

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 
+from studio.asgi import application  # noqa: F401 - sets Django up first  # isort: skip
+
 import chat.runs  # noqa: E402
 from chat.llm.base import TextDelta, ToolCall, TurnEnd, new_call_id  # noqa: E402
 from chat.tools import REGISTRY  # noqa: E402
 from chat.tools.base import Tool  # noqa: E402
-from studio.asgi import application  # noqa: F401 - sets Django up first
 
 REGISTRY["echo"] = Tool(
     name="echo",
