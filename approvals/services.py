@@ -42,7 +42,7 @@ DECISIONS: dict[str, tuple[str, str, bool]] = {
 
 REJECTION_TEXT = "The user declined to run this tool call."
 # With a process poller running, a waiter still re-checks on its own this often.
-SELF_CHECK_SECONDS = 30.0
+SELF_CHECK_SECONDS = 300.0
 
 
 class ApprovalNotFound(Exception):

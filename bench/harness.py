@@ -116,3 +116,14 @@ class Timer:
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.start
+
+
+def recv_until(ws, needle: str, timeout: float = 20) -> str:
+    """Frames from a sync websockets client up to the one holding ``needle``."""
+    deadline = time.monotonic() + timeout
+    seen = []
+    while True:
+        frame = ws.recv(timeout=max(0.001, deadline - time.monotonic()))
+        seen.append(frame)
+        if needle in frame:
+            return "\n".join(seen)

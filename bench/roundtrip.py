@@ -21,16 +21,6 @@ from websockets.sync.client import connect
 from deploy.cluster import DaphneProcess
 
 
-def recv_until(ws, needle: str, timeout: float = 10) -> str:
-    deadline = time.monotonic() + timeout
-    seen = []
-    while True:
-        frame = ws.recv(timeout=max(0.001, deadline - time.monotonic()))
-        seen.append(frame)
-        if needle in frame:
-            return "\n".join(seen)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--approvals", type=int, default=500)
@@ -62,9 +52,9 @@ def main() -> None:
                     f"{server.ws_url}/ws/c/{conversation.pk}/",
                     additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url},
                 )
-                recv_until(ws, 'id="transcript"')
+                harness.recv_until(ws, 'id="transcript"')
             ws.send(json.dumps({"message": f"echo {i}"}))
-            frames = recv_until(ws, 'data-status="pending"')
+            frames = harness.recv_until(ws, 'data-status="pending"')
             approval_id = harness.APPROVAL_ID.findall(frames)[-1]
             cpu0 = harness.cpu_seconds(server.pid)
             t0 = time.perf_counter()
@@ -74,11 +64,11 @@ def main() -> None:
                 headers={"X-CSRFToken": csrf, "Accept": "application/json"},
             )
             tp = time.perf_counter()
-            recv_until(ws, "data-tool-result=")
+            harness.recv_until(ws, "data-tool-result=")
             t1 = time.perf_counter()
             cpu1 = harness.cpu_seconds(server.pid)
             assert response.status_code == 200, response.text
-            recv_until(ws, 'data-running="false"')
+            harness.recv_until(ws, 'data-running="false"')
             if i >= args.warmup:
                 latencies.append(t1 - t0)
                 post_only.append(tp - t0)

@@ -37,16 +37,6 @@ def redis_connections(pid: int) -> int:
     return sum(1 for line in out.splitlines() if f"pid={pid}," in line)
 
 
-def recv_until(ws, needle: str, timeout: float = 20) -> str:
-    deadline = time.monotonic() + timeout
-    seen = []
-    while True:
-        frame = ws.recv(timeout=max(0.001, deadline - time.monotonic()))
-        seen.append(frame)
-        if needle in frame:
-            return "\n".join(seen)
-
-
 class Http:
     """One httpx client per thread and server."""
 
@@ -110,15 +100,17 @@ def main() -> None:
                     f"{a.ws_url}/ws/c/{conversation.pk}/",
                     additional_headers={"Cookie": f"sessionid={session}", "Origin": a.url},
                 )
-                recv_until(ws, 'id="transcript"')
+                harness.recv_until(ws, 'id="transcript"')
             ws.send(json.dumps({"message": f"echo {i}"}))
-            approval_id = harness.APPROVAL_ID.findall(recv_until(ws, 'data-status="pending"'))[-1]
+            approval_id = harness.APPROVAL_ID.findall(
+                harness.recv_until(ws, 'data-status="pending"')
+            )[-1]
             t0 = time.perf_counter()
             response = http.post(b, f"/approvals/{approval_id}/decide/", {"decision": "allow"})
-            recv_until(ws, "data-tool-result=")
+            harness.recv_until(ws, "data-tool-result=")
             t1 = time.perf_counter()
             assert response.status_code == 200, response.text
-            recv_until(ws, 'data-running="false"')
+            harness.recv_until(ws, 'data-running="false"')
             if i >= args.warmup:
                 latencies.append(t1 - t0)
         ws.close()
