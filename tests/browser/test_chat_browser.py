@@ -166,3 +166,19 @@ def test_failed_decision_post_shows_an_error_and_reenables(page, studio_server, 
     page.unroute("**/approvals/*/decide/")
     card.locator("button[value=allow]").click()
     page.locator(".tool-result pre", has_text=re.compile(r"^\s*retry\s*$")).wait_for()
+
+
+def test_deny_with_a_note(page, studio_server, member):
+    login(page, studio_server)
+    new_chat(page)
+    ask(page, "run python: import os")
+    card = pending_card(page)
+    card.wait_for()
+    card.locator("summary", has_text="Add a note").click()
+    card.locator("textarea[name=note]").fill("Use pathlib instead.")
+    card.locator("button[value=deny]").click()
+    decided = page.locator('[data-approval-id][data-status="denied"]')
+    decided.wait_for()
+    assert decided.locator("blockquote.note").inner_text() == "Use pathlib instead."
+    result = page.locator(".tool-result pre").last.inner_text()
+    assert result == "The user declined to run this tool call. The user said: Use pathlib instead."

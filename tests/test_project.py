@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+
+from studio.env import env_bool, env_float, env_int, env_list
+
+
+@pytest.mark.django_db
+def test_models_and_migrations_agree():
+    call_command("makemigrations", "--check", "--dry-run", stdout=StringIO())
+
+
+@pytest.mark.parametrize(
+    ("helper", "value"),
+    [(env_bool, "maybe"), (env_int, "ten"), (env_float, "fast"), (env_int, "-5")],
+)
+def test_bad_environment_values_name_the_variable(monkeypatch, helper, value):
+    monkeypatch.setenv("STUDIO_SOMETHING", value)
+    kwargs = {"minimum": 0} if helper in (env_int, env_float) else {}
+    with pytest.raises(ImproperlyConfigured, match="STUDIO_SOMETHING"):
+        helper("STUDIO_SOMETHING", 1, **kwargs) if helper is not env_bool else helper(
+            "STUDIO_SOMETHING"
+        )
+
+
+def test_environment_helpers_read_values(monkeypatch):
+    monkeypatch.setenv("A_BOOL", "off")
+    monkeypatch.setenv("A_LIST", "a, b,,c")
+    monkeypatch.setenv("AN_INT", "7")
+    assert env_bool("A_BOOL", True) is False
+    assert env_list("A_LIST", []) == ["a", "b", "c"]
+    assert env_int("AN_INT", 1) == 7
+    assert env_float("MISSING_FLOAT", 2.5) == 2.5
+
+
+@pytest.mark.django_db
+def test_ensure_login_creates_one_admin_once():
+    from django.contrib.auth import get_user_model
+
+    out = StringIO()
+    call_command("ensure_login", stdout=out)
+    assert "username: admin" in out.getvalue() and "password: " in out.getvalue()
+    again = StringIO()
+    call_command("ensure_login", stdout=again)
+    assert again.getvalue() == ""
+    assert get_user_model().objects.filter(is_superuser=True).count() == 1
