@@ -19,6 +19,7 @@ REFUSALS = {
     "running": "The agent is still working on your previous message. "
     "Wait for it to finish, or press Stop. Your message was not sent.",
     "empty": "Type a message first.",
+    "gone": "This conversation no longer exists.",
 }
 
 

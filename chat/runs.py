@@ -135,10 +135,18 @@ async def run_launch(*, conversation_id: int, user, text: str) -> Launch:
         _ensure_heartbeat()
         try:
             run = await sync_to_async(run_create, thread_sensitive=False, executor=AGENT_POOL)(
-                conversation_id=conversation_id, user=user, text=text, inbox=inbox
+                conversation_id=conversation_id,
+                user=user,
+                text=text,
+                inbox=inbox,
+                # Without Redis there is one process: a running run it does not
+                # host died with a previous server (restart, crash).
+                is_dead=None if settings.REDIS_URL else (lambda run_id: run_id not in local_runs()),
             )
         except RunBusy:
             return Launch(ok=False, reason="running")
+        except Conversation.DoesNotExist:
+            return Launch(ok=False, reason="gone")
         local = LocalRun(run_id=str(run.pk), conversation_id=conversation_id, cancel=CancelToken())
         with _lock:
             _local[local.run_id] = local

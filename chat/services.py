@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -45,11 +46,21 @@ def conversation_grant_revoke(*, conversation: Conversation, grant_id: int, user
     return grant_revoke(grant=grant, user=user)
 
 
-def run_create(*, conversation_id: int, user, text: str, inbox: str) -> Run:
+def run_create(
+    *,
+    conversation_id: int,
+    user,
+    text: str,
+    inbox: str,
+    is_dead: Callable[[str], bool] | None = None,
+) -> Run:
     """Claim the conversation for a new run and save the user's message.
 
     The database's partial unique index makes the claim atomic across
-    processes; a run whose process died (stale heartbeat) is retired first.
+    processes. A run in the way is retired first if its process died: its
+    heartbeat is stale, or ``is_dead(run_id)`` says so (a single-process
+    deployment knows every live run, so one it does not know died with the
+    previous server).
     """
     conversation = Conversation.objects.get(pk=conversation_id, owner=user)
     for attempt in range(2):
@@ -64,7 +75,15 @@ def run_create(*, conversation_id: int, user, text: str, inbox: str) -> Run:
                 conversation.save(update_fields=["title", "updated_at"])
             return run
         except IntegrityError:
-            if attempt or not run_retire_stale(conversation_id=conversation_id)[0]:
+            if attempt:
+                raise RunBusy(conversation_id) from None
+            retired = run_retire_stale(conversation_id=conversation_id)[0]
+            if not retired and is_dead is not None:
+                running = Run.objects.filter(
+                    conversation_id=conversation_id, status=Run.Status.RUNNING
+                ).values_list("id", flat=True)
+                retired = _retire([i for i in running if is_dead(str(i))])[0]
+            if not retired:
                 raise RunBusy(conversation_id) from None
     raise RunBusy(conversation_id)
 
@@ -91,6 +110,10 @@ def run_retire_stale(
     Three queries whatever the number of rows. Returns (runs, approvals).
     """
     ids = list(stale_runs(conversation_id=conversation_id).values_list("id", flat=True))
+    return _retire(ids, dry_run=dry_run)
+
+
+def _retire(ids: list, *, dry_run: bool = False) -> tuple[int, int]:
     if not ids:
         return 0, 0
     approvals = ToolApproval.objects.pending().filter(run_id__in=[str(i) for i in ids])

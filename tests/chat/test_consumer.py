@@ -284,3 +284,25 @@ async def test_model_server_dying_mid_stream(conversation, alice, settings):
     # The model was sent the whole history the second time, the cut reply included.
     sent = [m["content"] for m in fake.requests[1]["messages"][1:]]
     assert sent == ["first question", "Partial ", "second question"]
+
+
+async def test_a_run_left_by_a_previous_server_does_not_block_the_conversation(
+    conversation, alice, settings
+):
+    """Single process (no Redis): a running run this process does not host is dead."""
+    settings.REDIS_URL = ""
+    from tests.factories import make_approval, make_run
+
+    dead = await sync_to_async(make_run)(conversation)  # status running, fresh heartbeat
+    orphan = await sync_to_async(make_approval)(conversation, run_id=str(dead.pk))
+    comm, _, _ = await open_socket(conversation.pk, alice)
+    await comm.receive_from(timeout=BOUND)
+    await send(comm, message="hello")
+    frames = await receive_until(comm, "composer-state")
+    assert 'data-state="accepted"' in frames
+    await receive_until(comm, 'data-running="false"')
+    await sync_to_async(dead.refresh_from_db)()
+    await sync_to_async(orphan.refresh_from_db)()
+    assert dead.status == "error"
+    assert (orphan.status, orphan.reason) == ("denied", "expired")
+    await comm.disconnect()
