@@ -14,6 +14,7 @@ cross-process wake message was lost).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -83,8 +84,6 @@ class Gate:
 
     def poller_alive(self, interval: float) -> bool:
         """True while a process-wide poller re-reads rows for the waiters."""
-        import time
-
         return time.monotonic() - self.polled_at < 3 * interval + 1
 
     def waiting_ids(self) -> list[str]:

@@ -35,9 +35,7 @@ def _catch_up(conversation: Conversation) -> str:
 
 @database_sync_to_async
 def _settings(conversation_id: int) -> str:
-    conversation = Conversation.objects.get(pk=conversation_id)
-    html = render.settings_panel(conversation)
-    return html.replace('<aside id="settings"', '<aside id="settings" hx-swap-oob="outerHTML"', 1)
+    return render.settings_panel(Conversation.objects.get(pk=conversation_id), oob=True)
 
 
 @database_sync_to_async

@@ -79,8 +79,9 @@ def run_controls(*, running: bool, conversation_id: int) -> str:
     )
 
 
-def settings_panel(conversation: Conversation, request=None) -> str:
-    return render_to_string("chat/_settings.html", settings_context(conversation), request=request)
+def settings_panel(conversation: Conversation, request=None, *, oob: bool = False) -> str:
+    context = {**settings_context(conversation), "oob": oob}
+    return render_to_string("chat/_settings.html", context, request=request)
 
 
 def settings_context(conversation: Conversation) -> dict:
@@ -101,9 +102,7 @@ def catch_up(conversation: Conversation) -> str:
     return (
         transcript(conversation)
         + run_controls(running=running, conversation_id=conversation.pk)
-        + settings_panel(conversation).replace(
-            '<aside id="settings"', '<aside id="settings" hx-swap-oob="outerHTML"', 1
-        )
+        + settings_panel(conversation, oob=True)
     )
 
 
