@@ -129,7 +129,7 @@ def test_kill_9_while_runs_wait(cluster, conversation, alice, settings):
     # ...and the conversation works again on the surviving process.
     tab_b, new_id = park_a_run(b, conversation, session)
     assert page.decide(new_id, "allow").status_code == 200
-    tab_b.until("42")
+    tab_b.until('<pre class="output">42')
     tab_b.close()
     page.close()
 
@@ -148,7 +148,7 @@ def test_redis_restart_while_a_run_waits(cluster, redis_server, conversation, al
     assert response.status_code == 200 and response.json()["resolved"] is True
     # The tab on process A recovers (reconnected or re-joined its group after
     # the restart) and shows the result and the finished run.
-    tab.until(">42", since=mark)
+    tab.until('<pre class="output">42', since=mark)
     tab.until('data-running="false"', since=mark)
     assert Run.objects.get(conversation=conversation).status == "done"
     tab.close()
