@@ -271,6 +271,10 @@ def run_drive(local: LocalRun) -> None:
                 f'<div hx-swap-oob="beforeend:#transcript">{render.message(user_message)}</div>'
             )
         publisher.send(render.run_controls(running=True, conversation_id=local.conversation_id))
+        # The first message names the conversation; every open tab shows it.
+        publisher.send(
+            f'<h1 id="conversation-title" hx-swap-oob="outerHTML">{escape(conversation.title)}</h1>'
+        )
         agent = Agent(
             conversation=conversation,
             model=get_model(),

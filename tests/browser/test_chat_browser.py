@@ -69,6 +69,7 @@ def test_deny_allow_and_always_allow(page, studio_server, member, artifacts):
     card = pending_card(page)
     card.wait_for()
     assert card.locator("text=print(6 * 7)").count() == 1
+    assert page.locator("#conversation-title").inner_text() == "run python: print(6 * 7)"
     page.screenshot(path=str(artifacts / "02-pending-card.png"))
     card.locator("button[value=deny]").click()
     page.locator('[data-status="denied"]').first.wait_for()
