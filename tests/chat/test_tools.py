@@ -228,12 +228,16 @@ def test_tools_cannot_read_the_servers_private_files(workspace):
     from django.db import connection
 
     connection.ensure_connection()  # the permission guard runs on connect
+    database = str(connection.settings_dict["NAME"])
     targets = [
         str(django_settings.BASE_DIR / ".secret_key"),
-        str(connection.settings_dict["NAME"]),
+        database,
         "/proc/1/environ",
         f"/proc/{os.getpid()}/environ",
     ]
+    # In WAL mode the latest writes sit in these files, not in the database.
+    targets += [p for p in (f"{database}-wal", f"{database}-shm") if os.path.exists(p)]
+    assert len(targets) == 6, "the test database should be in WAL mode"
     code = (
         "import sys\n"
         f"for path in {targets!r}:\n"
