@@ -58,16 +58,13 @@ async def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
             status=status,
         )
     if request.htmx:
-        response = HttpResponse(result.card_html, status=status)
-        if not result.resolved:
-            # htmx ignores 4xx bodies by default; the card tells the user why.
-            response["HX-Reswap"] = "outerHTML"
-        return response
+        # A 409 carries the current card too; studio.js tells htmx to swap it.
+        return HttpResponse(result.card_html, status=status)
     if result.resolved:
         return redirect("chat:conversation", approval.conversation_id)
     return await sync_to_async(render)(
         request,
         "approvals/already_decided.html",
-        {"approval": approval, "card_html": result.card_html},
+        {"approval": approval},
         status=409,
     )

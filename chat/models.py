@@ -54,6 +54,11 @@ class Conversation(models.Model):
         return f"conversation.{self.pk}"
 
 
+class RunQuerySet(models.QuerySet):
+    def running(self) -> RunQuerySet:
+        return self.filter(status=Run.Status.RUNNING)
+
+
 class Run(models.Model):
     """One agent run: a user message answered, with its tool calls.
 
@@ -79,6 +84,8 @@ class Run(models.Model):
     heartbeat_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
+
+    objects = RunQuerySet.as_manager()
 
     class Meta:
         ordering = ["-started_at"]

@@ -13,7 +13,7 @@ from chat.models import Conversation, Message
 from chat.services import ToolBlock, transcript_items
 
 
-def message(msg: Message, *, oob: bool = False) -> str:
+def message(msg: Message) -> str:
     from chat.services import Item
 
     item = Item(message=msg)
@@ -27,7 +27,12 @@ def message(msg: Message, *, oob: bool = False) -> str:
             )
             for c in msg.tool_calls
         ]
-    return render_to_string("chat/_message.html", {"item": item, "oob": oob})
+    return render_to_string("chat/_message.html", {"item": item})
+
+
+def appended(html: str) -> str:
+    """``html`` added at the end of the transcript (of every tab that gets it)."""
+    return f'<div hx-swap-oob="beforeend:#transcript">{html}</div>'
 
 
 def tool_block(block: ToolBlock, *, oob: bool = True) -> str:
@@ -98,7 +103,7 @@ def catch_up(conversation: Conversation) -> str:
     """Everything a (re)connecting tab needs to be current: transcript and run state."""
     from chat.models import Run
 
-    running = Run.objects.filter(conversation=conversation, status=Run.Status.RUNNING).exists()
+    running = Run.objects.running().filter(conversation=conversation).exists()
     return (
         transcript(conversation)
         + run_controls(running=running, conversation_id=conversation.pk)

@@ -65,7 +65,7 @@ def _heartbeat_once() -> None:
 
 
 async def _heartbeat_loop() -> None:
-    """Tell the database this process's runs are alive (see RUN_STALE_AFTER)."""
+    """Tell the database this process's runs are alive (see STUDIO_RUN_STALE_SECONDS)."""
     while True:
         await asyncio.sleep(settings.STUDIO_RUN_HEARTBEAT_SECONDS)
         try:
@@ -84,7 +84,8 @@ def _ensure_heartbeat() -> None:
 @dataclass(frozen=True)
 class Launch:
     ok: bool
-    reason: str = ""  # "busy" (pool full) | "running" (conversation has a run) | "empty"
+    # "busy" (pool full) | "running" (conversation has a run) | "empty" | "gone"
+    reason: str = ""
     run_id: str = ""
 
 
@@ -163,11 +164,8 @@ async def run_launch(*, conversation_id: int, user, text: str) -> Launch:
 def run_stop(*, conversation_id: int, user) -> bool:
     """Stop the conversation's running run, in this process or another."""
     run = (
-        Run.objects.filter(
-            conversation_id=conversation_id,
-            conversation__owner=user,
-            status=Run.Status.RUNNING,
-        )
+        Run.objects.running()
+        .filter(conversation_id=conversation_id, conversation__owner=user)
         .only("id", "inbox")
         .first()
     )
@@ -189,20 +187,17 @@ class Publisher:
 
     def __init__(self, conversation: Conversation, run: Run) -> None:
         self.group = conversation.group_name
-        self.conversation = conversation
         self.run = run
         self.turn = 0
         self.stream_open = False
         self.buffer: list[str] = []
         self.last_flush = 0.0
-        self.sent = 0
 
     @property
     def stream_id(self) -> str:
         return f"stream-{self.run.pk}-{self.turn}"
 
     def send(self, html: str) -> None:
-        self.sent += 1
         group_send(self.group, {"type": "chat.fragment", "html": html})
 
     def content(self, text: str) -> None:
@@ -230,8 +225,6 @@ class Publisher:
         if kind == "status":
             self.send(render.run_status(data["text"]))
         elif kind == "message_end":
-            message = data["message"]
-            html = render.message(message)
             # Drop the streaming bubble, append the final message (a tab that
             # reconnected mid-stream never had the bubble, and still gets this).
             drop = (
@@ -239,7 +232,7 @@ class Publisher:
                 if self.stream_open
                 else ""
             )
-            self.send(f'{drop}<div hx-swap-oob="beforeend:#transcript">{html}</div>')
+            self.send(drop + render.appended(render.message(data["message"])))
             self.turn += 1
             self.stream_open = False
         elif kind == "tool_end" and data.get("approval") is not None:
@@ -249,9 +242,7 @@ class Publisher:
             if kind == "tool_start" and data["awaiting_confirmation"]:
                 self.send(render.run_status("Waiting for your decision…"))
         elif kind == "error":
-            self.send(
-                f'<div hx-swap-oob="beforeend:#transcript">{render.message(data["message"])}</div>'
-            )
+            self.send(render.appended(render.message(data["message"])))
 
 
 def run_drive(local: LocalRun) -> None:
@@ -267,9 +258,7 @@ def run_drive(local: LocalRun) -> None:
             Message.objects.filter(run=run, role=Message.Role.USER).order_by("-id").first()
         )
         if user_message is not None:
-            publisher.send(
-                f'<div hx-swap-oob="beforeend:#transcript">{render.message(user_message)}</div>'
-            )
+            publisher.send(render.appended(render.message(user_message)))
         publisher.send(render.run_controls(running=True, conversation_id=local.conversation_id))
         # The first message names the conversation; every open tab shows it.
         publisher.send(
@@ -300,9 +289,7 @@ def run_drive(local: LocalRun) -> None:
                     content="Something went wrong in Studio while running this. "
                     "The conversation is saved; you can try again.",
                 )
-                publisher.send(
-                    f'<div hx-swap-oob="beforeend:#transcript">{render.message(message)}</div>'
-                )
+                publisher.send(render.appended(render.message(message)))
             except Exception:
                 logger.exception("could not record the failure of run %s", local.run_id)
     finally:

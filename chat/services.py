@@ -79,9 +79,8 @@ def run_create(
                 raise RunBusy(conversation_id) from None
             retired = run_retire_stale(conversation_id=conversation_id)[0]
             if not retired and is_dead is not None:
-                running = Run.objects.filter(
-                    conversation_id=conversation_id, status=Run.Status.RUNNING
-                ).values_list("id", flat=True)
+                running = Run.objects.running().filter(conversation_id=conversation_id)
+                running = running.values_list("id", flat=True)
                 retired = _retire([i for i in running if is_dead(str(i))])[0]
             if not retired:
                 raise RunBusy(conversation_id) from None
@@ -96,7 +95,7 @@ def _title_from(text: str) -> str:
 def stale_runs(*, conversation_id: int | None = None):
     """Running runs whose process stopped refreshing their heartbeat (it died)."""
     cutoff = timezone.now() - timedelta(seconds=settings.STUDIO_RUN_STALE_SECONDS)
-    runs = Run.objects.filter(status=Run.Status.RUNNING, heartbeat_at__lt=cutoff)
+    runs = Run.objects.running().filter(heartbeat_at__lt=cutoff)
     if conversation_id is not None:
         runs = runs.filter(conversation_id=conversation_id)
     return runs
@@ -120,10 +119,14 @@ def _retire(ids: list, *, dry_run: bool = False) -> tuple[int, int]:
     if dry_run:
         return len(ids), approvals.count()
     now = timezone.now()
-    retired = Run.objects.filter(pk__in=ids, status=Run.Status.RUNNING).update(
-        status=Run.Status.ERROR,
-        finished_at=now,
-        error="The server process running this stopped.",
+    retired = (
+        Run.objects.running()
+        .filter(pk__in=ids)
+        .update(
+            status=Run.Status.ERROR,
+            finished_at=now,
+            error="The server process running this stopped.",
+        )
     )
     expired = approvals.update(
         status=ToolApproval.Status.DENIED, reason=ToolApproval.Reason.EXPIRED, decided_at=now
@@ -134,13 +137,11 @@ def _retire(ids: list, *, dry_run: bool = False) -> tuple[int, int]:
 def run_heartbeat(*, run_ids: list[str]) -> int:
     if not run_ids:
         return 0
-    return Run.objects.filter(pk__in=run_ids, status=Run.Status.RUNNING).update(
-        heartbeat_at=timezone.now()
-    )
+    return Run.objects.running().filter(pk__in=run_ids).update(heartbeat_at=timezone.now())
 
 
 def run_finish(*, run_id: str, status: str, error: str = "") -> None:
-    Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(
+    Run.objects.running().filter(pk=run_id).update(
         status=status, error=error[:2000], finished_at=timezone.now()
     )
 

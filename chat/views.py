@@ -8,7 +8,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from chat import render as fragments
-from chat.consumers import REFUSALS
+from chat.consumers import MAX_MESSAGE, REFUSALS
 from chat.models import Conversation, Run
 from chat.runs import run_launch, run_stop
 from chat.services import (
@@ -41,7 +41,7 @@ def conversation_new(request: HtmxHttpRequest) -> HttpResponse:
 @login_required
 def conversation_detail(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
     conversation = _owned(request, conversation_id)
-    running = Run.objects.filter(conversation=conversation, status=Run.Status.RUNNING).exists()
+    running = Run.objects.running().filter(conversation=conversation).exists()
     context = {
         **fragments.settings_context(conversation),
         "items": transcript_items(conversation),
@@ -59,8 +59,8 @@ async def conversation_send(request: HtmxHttpRequest, conversation_id: int) -> H
     if not owned:
         raise Http404("No such conversation.")
     text = request.POST.get("message", "")
-    if len(text) > 20_000:
-        return HttpResponse("Messages are limited to 20,000 characters.", status=400)
+    if len(text) > MAX_MESSAGE:
+        return HttpResponse(f"Messages are limited to {MAX_MESSAGE:,} characters.", status=400)
     launch = await run_launch(conversation_id=conversation_id, user=user, text=text)
     if not launch.ok:
         await sync_to_async(messages.error)(request, REFUSALS[launch.reason])
