@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,3 +130,59 @@ def recv_until(ws, needle: str, timeout: float = 20) -> str:
         seen.append(frame)
         if needle in frame:
             return "\n".join(seen)
+
+
+@dataclass
+class RoundTrips:
+    total: list[float] = field(default_factory=list)  # decision POST -> tool_end on the socket
+    post: list[float] = field(default_factory=list)  # the POST's own response
+    cpu: list[float] = field(default_factory=list)  # server CPU in the total window
+
+
+def round_trips(
+    *,
+    ws_server,
+    user,
+    session: str,
+    decide: Callable[[str], object],
+    count: int,
+    warmup: int,
+    per_conversation: int = 50,
+    cpu_pid: int | None = None,
+) -> RoundTrips:
+    """Sequential approvals: a message on ``ws_server``'s socket parks a run on a
+    pending card, ``decide(approval_id)`` POSTs the decision (to any process),
+    and we time until the ``tool_end`` fragment arrives on the socket."""
+    from websockets.sync.client import connect
+
+    result, ws = RoundTrips(), None
+    try:
+        for i in range(warmup + count):
+            if i % per_conversation == 0:
+                if ws is not None:
+                    ws.close()
+                conversation = make_conversation(user)
+                ws = connect(
+                    f"{ws_server.ws_url}/ws/c/{conversation.pk}/",
+                    additional_headers={"Cookie": f"sessionid={session}", "Origin": ws_server.url},
+                )
+                recv_until(ws, 'id="transcript"')
+            ws.send(json.dumps({"message": f"echo {i}"}))
+            approval_id = APPROVAL_ID.findall(recv_until(ws, 'data-status="pending"'))[-1]
+            cpu0 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
+            t0 = time.perf_counter()
+            response = decide(approval_id)
+            tp = time.perf_counter()
+            recv_until(ws, "data-tool-result=")
+            t1 = time.perf_counter()
+            cpu1 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
+            assert response.status_code == 200, response.text
+            recv_until(ws, 'data-running="false"')
+            if i >= warmup:
+                result.total.append(t1 - t0)
+                result.post.append(tp - t0)
+                result.cpu.append(cpu1 - cpu0)
+    finally:
+        if ws is not None:
+            ws.close()
+    return result

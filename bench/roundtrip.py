@@ -10,13 +10,10 @@ real decision does. Also the server's CPU per approval.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import time
 
 import harness
 import httpx
-from websockets.sync.client import connect
 
 from deploy.cluster import DaphneProcess
 
@@ -39,44 +36,24 @@ def main() -> None:
     http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
     http.get("/")
     csrf = http.cookies["csrftoken"]
-    latencies, cpu, post_only = [], [], []
-    ws = None
     try:
-        total = args.warmup + args.approvals
-        for i in range(total):
-            if i % args.per_conversation == 0:
-                if ws is not None:
-                    ws.close()
-                conversation = harness.make_conversation(user)
-                ws = connect(
-                    f"{server.ws_url}/ws/c/{conversation.pk}/",
-                    additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url},
-                )
-                harness.recv_until(ws, 'id="transcript"')
-            ws.send(json.dumps({"message": f"echo {i}"}))
-            frames = harness.recv_until(ws, 'data-status="pending"')
-            approval_id = harness.APPROVAL_ID.findall(frames)[-1]
-            cpu0 = harness.cpu_seconds(server.pid)
-            t0 = time.perf_counter()
-            response = http.post(
+        trips = harness.round_trips(
+            ws_server=server,
+            user=user,
+            session=session,
+            decide=lambda approval_id: http.post(
                 f"/approvals/{approval_id}/decide/",
                 data={"decision": "allow"},
                 headers={"X-CSRFToken": csrf, "Accept": "application/json"},
-            )
-            tp = time.perf_counter()
-            harness.recv_until(ws, "data-tool-result=")
-            t1 = time.perf_counter()
-            cpu1 = harness.cpu_seconds(server.pid)
-            assert response.status_code == 200, response.text
-            harness.recv_until(ws, 'data-running="false"')
-            if i >= args.warmup:
-                latencies.append(t1 - t0)
-                post_only.append(tp - t0)
-                cpu.append(cpu1 - cpu0)
+            ),
+            count=args.approvals,
+            warmup=args.warmup,
+            per_conversation=args.per_conversation,
+            cpu_pid=server.pid,
+        )
     finally:
-        if ws is not None:
-            ws.close()
         server.stop()
+    latencies, post_only, cpu = trips.total, trips.post, trips.cpu
     print(
         "approval round trip (decision POST -> tool_end fragment):", harness.summary_ms(latencies)
     )

@@ -12,7 +12,6 @@ ChannelFull.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import threading
 import time
@@ -20,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import harness
 import httpx
-from websockets.sync.client import connect
 
 from deploy.cluster import DaphneProcess
 
@@ -90,30 +88,16 @@ def main() -> None:
     try:
         conns = {"start": (redis_connections(a.pid), redis_connections(b.pid))}
         # -- cross-process round trip ---------------------------------------------
-        latencies, ws = [], None
-        for i in range(args.warmup + args.approvals):
-            if i % 50 == 0:
-                if ws is not None:
-                    ws.close()
-                conversation = harness.make_conversation(user)
-                ws = connect(
-                    f"{a.ws_url}/ws/c/{conversation.pk}/",
-                    additional_headers={"Cookie": f"sessionid={session}", "Origin": a.url},
-                )
-                harness.recv_until(ws, 'id="transcript"')
-            ws.send(json.dumps({"message": f"echo {i}"}))
-            approval_id = harness.APPROVAL_ID.findall(
-                harness.recv_until(ws, 'data-status="pending"')
-            )[-1]
-            t0 = time.perf_counter()
-            response = http.post(b, f"/approvals/{approval_id}/decide/", {"decision": "allow"})
-            harness.recv_until(ws, "data-tool-result=")
-            t1 = time.perf_counter()
-            assert response.status_code == 200, response.text
-            harness.recv_until(ws, 'data-running="false"')
-            if i >= args.warmup:
-                latencies.append(t1 - t0)
-        ws.close()
+        latencies = harness.round_trips(
+            ws_server=a,
+            user=user,
+            session=session,
+            decide=lambda approval_id: http.post(
+                b, f"/approvals/{approval_id}/decide/", {"decision": "allow"}
+            ),
+            count=args.approvals,
+            warmup=args.warmup,
+        ).total
         conns["after round trips"] = (redis_connections(a.pid), redis_connections(b.pid))
         print(
             "cross-process round trip (POST on B -> tool_end on A's socket):",
