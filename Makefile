@@ -23,12 +23,13 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt
 	touch $@
 
 run: $(VENV)/.runtime
+	./scripts/ensure-system-packages --optional bubblewrap:bwrap
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_login
 	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) studio.asgi:application
 
 test: $(VENV)/.dev
-	./scripts/ensure-chromium
+	./scripts/ensure-system-packages chromium:chromium bubblewrap:bwrap
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@echo "== pass 1: SQLite + in-memory channel layer, browser tests included"

@@ -23,10 +23,11 @@ from django.db import IntegrityError, connection, transaction
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from approvals.gate import GATE, CancelToken, Gate, Slot
+from approvals.gate import GATE, Gate, Slot
 from approvals.inbox import current_inbox
 from approvals.models import ToolApproval, ToolGrant, arguments_hash
 from approvals.notify import group_send, layer_send
+from studio.cancel import CancelToken
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
-from approvals.gate import GATE, CancelToken, Gate
+from approvals.gate import GATE, Gate
 from approvals.models import ToolApproval, arguments_hash
 from approvals.services import (
     REJECTION_TEXT,
@@ -37,6 +37,7 @@ from chat.llm.base import ChatModel, LLMError, TextDelta, ToolCall, TurnEnd, new
 from chat.models import Conversation, Message, Run
 from chat.tools import REGISTRY
 from chat.transcript import transcript_build
+from studio.cancel import CancelToken
 
 logger = logging.getLogger(__name__)
 

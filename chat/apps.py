@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import logging
+
 from django.apps import AppConfig
+
+logger = logging.getLogger("studio.sandbox")
 
 
 class ChatConfig(AppConfig):
@@ -9,3 +13,12 @@ class ChatConfig(AppConfig):
 
     def ready(self) -> None:
         import studio.signals  # noqa: F401 - connects the SQLite permission guard
+        from chat.tools import sandbox
+
+        if sandbox.sandbox_mode() == "none":
+            logger.warning(
+                "!!! STUDIO_SANDBOX=none: tool calls run WITHOUT isolation. Approved code can "
+                "reach the network, Redis, the database and the server's files. !!!"
+            )
+        elif sandbox.bwrap_path() is None:
+            logger.warning("Tool sandbox: %s", sandbox.describe())

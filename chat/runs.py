@@ -22,7 +22,6 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils.html import escape
 
-from approvals.gate import CancelToken
 from approvals.inbox import current_inbox, ensure_inbox, register_handler
 from approvals.notify import group_send, layer_send
 from chat import render
@@ -30,6 +29,7 @@ from chat.agent import Agent, Event
 from chat.llm import get_model
 from chat.models import Conversation, Message, Run
 from chat.services import RunBusy, run_create, run_finish, run_heartbeat
+from studio.cancel import CancelToken
 
 logger = logging.getLogger(__name__)
 

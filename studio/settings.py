@@ -8,7 +8,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from studio.env import env_bool, env_float, env_int, env_list, env_str
+from studio.env import env_bool, env_choice, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -203,6 +203,12 @@ STUDIO_RUN_STALE_SECONDS = env_float("STUDIO_RUN_STALE_SECONDS", 90, minimum=0.3
 STUDIO_AGENT_WORKERS = env_int("STUDIO_AGENT_WORKERS", 64, minimum=1)
 STUDIO_MAX_TOOL_ITERATIONS = env_int("STUDIO_MAX_TOOL_ITERATIONS", 25, minimum=1)
 STUDIO_TOOL_TIMEOUT = env_float("STUDIO_TOOL_TIMEOUT", 300, minimum=0.1)
+# Tool isolation: "bwrap" (bubblewrap, the default) or "none" (an admin's
+# explicit opt-out; logged loudly at start).
+STUDIO_SANDBOX = env_choice("STUDIO_SANDBOX", "bwrap", ["bwrap", "none"])
+STUDIO_TOOL_MEMORY_MB = env_int("STUDIO_TOOL_MEMORY_MB", 512, minimum=16)
+STUDIO_TOOL_TMP_MB = env_int("STUDIO_TOOL_TMP_MB", 64, minimum=1)
+STUDIO_WORKSPACE_QUOTA_MB = env_int("STUDIO_WORKSPACE_QUOTA_MB", 256, minimum=1)
 STUDIO_WORKSPACE_ROOT = Path(env_str("STUDIO_WORKSPACE_ROOT", str(BASE_DIR / "workspaces")))
 STUDIO_WEB_FETCH_ALLOW_PRIVATE = env_bool("STUDIO_WEB_FETCH_ALLOW_PRIVATE", False)
 # Host names web_fetch may reach even when they resolve to private addresses.

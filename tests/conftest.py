@@ -58,6 +58,27 @@ def _services_guard(request):
 
 
 @pytest.fixture
+def root_sandbox():
+    """Tests of the isolation layer need root and bubblewrap.
+
+    CI (STUDIO_REQUIRE_SERVICES=1) has both; there a missing one is a failure.
+    On a laptop without them the tests are skipped (README: what works there).
+    """
+    from chat.tools import sandbox
+
+    problem = None
+    if os.geteuid() != 0:
+        problem = "the sandbox tests need root (uid switch, cgroups)"
+    elif sandbox.bwrap_path() is None:
+        problem = "bubblewrap (bwrap) is not installed"
+    if problem is None:
+        return
+    if REQUIRE_SERVICES:
+        pytest.fail(f"required for CI: {problem}")
+    pytest.skip(problem)
+
+
+@pytest.fixture
 def alice(db):
     return make_user("alice")
 
@@ -86,9 +107,12 @@ def gate() -> Gate:
 
 @pytest.fixture(scope="session")
 def workspace_root():
-    # Not under tmp_path: pytest's base is 0700 and the sandbox runs tools as
-    # "nobody" when the suite runs as root, so every ancestor must be traversable.
-    root = Path(tempfile.mkdtemp(prefix="studio-ws-", dir="/tmp"))
+    # Not under /tmp: each tool call gets a private /tmp of its own, and a
+    # workspace inside it would show up there. Not under tmp_path either
+    # (pytest's base is 0700 and STUDIO_SANDBOX=none runs tools as they are).
+    base = Path(settings.BASE_DIR) / ".test-workspaces"
+    base.mkdir(mode=0o711, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="ws-", dir=base))
     root.chmod(0o711)
     yield root
     shutil.rmtree(root, ignore_errors=True)

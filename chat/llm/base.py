@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from approvals.gate import CancelToken
+from studio.cancel import CancelToken
 
 
 class LLMError(Exception):

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from approvals.gate import CancelToken
 from chat.llm.base import Chunk, TextDelta, ToolCall, TurnEnd, new_call_id
+from studio.cancel import CancelToken
 
 REJECTION_PREFIX = "The user declined to run this tool call."
 

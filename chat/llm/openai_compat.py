@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import openai
 
-from approvals.gate import CancelToken
 from chat.llm.base import Chunk, LLMError, TextDelta, ToolCall, TurnEnd, new_call_id
 from chat.llm.textcalls import OPEN, holdback, parse_arguments, split_text_calls
+from studio.cancel import CancelToken
 
 
 class OpenAICompatModel:

@@ -4,7 +4,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from approvals.gate import CancelToken
+from studio.cancel import CancelToken
 
 RunFn = Callable[..., str]
 

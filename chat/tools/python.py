@@ -6,30 +6,37 @@ import os
 import sys
 from pathlib import Path
 
-from approvals.gate import CancelToken
 from chat.tools.base import Tool
-from chat.tools.sandbox import can_drop_privileges, run_sandboxed
+from chat.tools.sandbox import SandboxUnavailable, run_sandboxed
+from studio.cancel import CancelToken
 
 
 def sandbox_python() -> str:
-    # When we drop privileges, the interpreter must be readable by the
-    # sandbox uid; the server's own may live in a private home (/root/.pyenv).
+    """The interpreter of the ``python`` tool (STUDIO_SANDBOX_PYTHON).
+
+    The system's by default: the sandbox shows it read-only at its own path,
+    and it is readable by the tool's uid (the server's own interpreter may
+    live in a private home such as /root/.pyenv).
+    """
     configured = os.environ.get("STUDIO_SANDBOX_PYTHON")
     if configured:
         return configured
-    if can_drop_privileges() and os.access("/usr/bin/python3", os.X_OK):
+    if os.access("/usr/bin/python3", os.X_OK):
         return "/usr/bin/python3"
     return sys.executable
 
 
 def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> str:
-    result = run_sandboxed(
-        [sandbox_python(), "-I", "-"],
-        workspace=workspace,
-        timeout=timeout,
-        cancel=cancel,
-        stdin=arguments["code"],
-    )
+    try:
+        result = run_sandboxed(
+            [sandbox_python(), "-I", "-"],
+            workspace=workspace,
+            timeout=timeout,
+            cancel=cancel,
+            stdin=arguments["code"],
+        )
+    except SandboxUnavailable as exc:
+        return str(exc)
     return result.as_text(timeout=timeout)
 
 
@@ -37,7 +44,7 @@ TOOL = Tool(
     name="python",
     description=(
         "Run a Python 3 program and return what it prints (stdout and stderr). "
-        "The working folder persists for this conversation."
+        "The working folder persists for this conversation; there is no network."
     ),
     parameters={
         "type": "object",

@@ -1,50 +1,90 @@
-"""Run a tool's program in a subprocess sandbox.
+"""Run a tool's program in an isolation layer built from bubblewrap.
 
-What the sandbox guarantees:
+Every ``python`` and ``terminal`` call runs as::
 
-* a fresh environment with none of the server's variables (no secret key,
-  API keys, database or Redis URLs);
-* its own process group and session, killed as a whole at the wall-clock
-  timeout or on cancel;
-* ``resource`` limits on CPU time, address space, file size, open files and
-  processes;
-* when the server runs as root, the child runs as an unprivileged uid of its
-  own conversation (``SANDBOX_UID_BASE + conversation id``), so the process
-  limit is enforced at all (the kernel exempts root), the working folder
-  (mode 0700) is unreadable to other conversations' tools, and the server's
-  private files (secret key, SQLite database: mode 0600) are out of reach;
-* a per-conversation working folder as its current directory and ``HOME``;
-* output capped, saying how much was cut.
+    [join cgroups] bwrap <namespaces, mounts> -- setpriv <uid> -- prlimit <rlimits> -- argv
 
-It is not a full filesystem jail: the program can read what any
-unprivileged user can read (world-readable system files and source code).
-Without root (a developer's laptop) the uid switch is skipped.
+What a call gets (each is tested in ``tests/chat/test_sandbox.py``):
+
+* **no network**: its own network namespace holds only a loopback interface
+  of its own, so neither the internet nor the host's 127.0.0.1 (Redis,
+  PostgreSQL, Studio) nor its other addresses are reachable;
+* **its own processes only**: a PID namespace whose init is bubblewrap's;
+  when the program ends, times out or is stopped, the namespace dies and
+  takes every process started in it (double forks, ``setsid``, ``nohup``);
+* **a read-only system** (``/usr``, ``/etc``, the interpreter), a fresh
+  ``/proc`` and ``/dev``, and private, size-capped tmpfs mounts on ``/tmp``,
+  ``/var/tmp`` and ``/dev/shm``; only the conversation's workspace is
+  writable, and it is the only part of the host's disk it sees besides the
+  read-only system;
+* **per-call memory and process caps**: a memory cgroup and a pids cgroup
+  made for the call (all its processes and its tmpfs pages count together),
+  where the machine lets us create one; otherwise ``RLIMIT_AS`` per process
+  (weaker: per process, not per call; see README);
+* **a workspace quota**: a soft quota checked before and every second during
+  the call (the call is killed when it passes it), plus a hard per-file cap
+  (``RLIMIT_FSIZE``) that never exceeds what is left of the quota;
+* a clean environment (none of the server's variables), CPU-time and
+  open-file limits, no core dumps;
+* when the server runs as root, an unprivileged uid of the conversation's
+  own (``SANDBOX_UID_BASE + conversation id``) with no capabilities and
+  ``no_new_privs``, so the workspace (mode 0700) of one conversation is
+  unreadable to another's tools.
+
+``STUDIO_SANDBOX=none`` turns all of this off (an admin's explicit choice,
+logged loudly at start): the program then runs as a plain subprocess with
+rlimits only. Without bubblewrap and without that opt-out, tools refuse to
+run and say what to install.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
-import resource
+import secrets
+import shutil
 import signal
 import subprocess
 import threading
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
-from approvals.gate import CancelToken
+from studio.cancel import CancelToken
+from studio.text import strip_nul
+
+logger = logging.getLogger(__name__)
 
 OUTPUT_CAP = 64 * 1024
 SANDBOX_UID_BASE = 200_000
+MB = 1024 * 1024
 _CONVERSATION_DIR = re.compile(r"^conversation-(\d+)$")
+# The host paths a call sees read-only; the rest of the host does not exist in it.
+_SYSTEM_BINDS = ("/usr", "/etc")
+# Debian's merged /usr: these are symlinks on the host and in the sandbox.
+_USR_LINKS = {"/bin": "usr/bin", "/sbin": "usr/sbin", "/lib": "usr/lib", "/lib64": "usr/lib64"}
+_QUOTA_CHECK_SECONDS = 1.0
+INSTALL_HINT = (
+    "Error: tools cannot run: the sandbox tool bubblewrap (bwrap) is not installed. "
+    "Ask an admin to install it (Debian/Ubuntu: apt-get install bubblewrap) or, knowingly, "
+    "to run tools without isolation (STUDIO_SANDBOX=none)."
+)
+
+
+class SandboxUnavailable(Exception):
+    """The isolation layer cannot be set up; the message tells the user why."""
 
 
 @dataclass(frozen=True)
 class Limits:
-    memory_bytes: int = 512 * 1024 * 1024
-    file_bytes: int = 16 * 1024 * 1024
+    memory_bytes: int = 512 * MB
+    tmp_bytes: int = 64 * MB
+    file_bytes: int = 16 * MB
+    workspace_bytes: int = 256 * MB
     processes: int = 64
     open_files: int = 256
 
@@ -56,6 +96,9 @@ class SandboxResult:
     timed_out: bool = False
     cancelled: bool = False
     truncated_bytes: int = 0
+    out_of_memory: bool = False
+    over_quota: bool = False
+    quota_bytes: int = 0
 
     def as_text(self, *, timeout: float) -> str:
         text = self.output
@@ -65,6 +108,13 @@ class SandboxResult:
             return f"Error: timed out after {timeout:g} s and was killed.\n{text}".rstrip()
         if self.cancelled:
             return f"Error: stopped by the user.\n{text}".rstrip()
+        if self.over_quota:
+            return (
+                f"Error: the workspace passed its quota of {self.quota_bytes // MB} MB and the "
+                f"call was killed; delete files to free space.\n{text}"
+            ).rstrip()
+        if self.out_of_memory:
+            return f"Error: killed: the call used more than its memory limit.\n{text}".rstrip()
         if self.exit_code:
             reason = _describe_exit(self.exit_code)
             return f"Error: exited with {reason}.\n{text}".rstrip()
@@ -77,11 +127,114 @@ def _describe_exit(code: int) -> str:
             return f"signal {signal.Signals(-code).name}"
         except ValueError:
             return f"signal {-code}"
+    if code > 128 and code - 128 in signal.Signals._value2member_map_:
+        # bwrap reports a program killed by a signal as 128 + signal.
+        return f"signal {signal.Signals(code - 128).name}"
     return f"status {code}"
+
+
+# --- what this machine offers ----------------------------------------------------------
+
+
+def sandbox_mode() -> str:
+    """``bwrap`` (the default) or ``none`` (STUDIO_SANDBOX=none: no isolation)."""
+    from django.conf import settings
+
+    return settings.STUDIO_SANDBOX
 
 
 def can_drop_privileges() -> bool:
     return os.geteuid() == 0
+
+
+@cache
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+@dataclass(frozen=True)
+class CgroupRoot:
+    """Where per-call cgroups are made: one directory per controller."""
+
+    version: int
+    memory: Path
+    pids: Path | None
+
+
+@cache
+def cgroup_root() -> CgroupRoot | None:
+    """A writable place for per-call memory (and pids) cgroups, or None.
+
+    cgroup v1: below this process's own memory and pids cgroups. cgroup v2:
+    below this process's cgroup when it delegates the memory controller to
+    its children (e.g. a systemd unit with ``Delegate=yes``).
+    """
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    own: dict[str, str] = {}
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            own[controller] = path
+    if "memory" in own:
+        memory = _probe_dir(Path("/sys/fs/cgroup/memory") / own["memory"].lstrip("/"))
+        if memory is None:
+            return None
+        pids = None
+        if "pids" in own:
+            pids = _probe_dir(Path("/sys/fs/cgroup/pids") / own["pids"].lstrip("/"))
+        return CgroupRoot(version=1, memory=memory, pids=pids)
+    if "" in own:
+        base = Path("/sys/fs/cgroup") / own[""].lstrip("/")
+        try:
+            delegated = (base / "cgroup.subtree_control").read_text().split()
+        except OSError:
+            return None
+        if "memory" not in delegated:
+            return None
+        root = _probe_dir(base)
+        if root is None:
+            return None
+        return CgroupRoot(version=2, memory=root, pids=root if "pids" in delegated else None)
+    return None
+
+
+def _probe_dir(parent: Path) -> Path | None:
+    """``parent/studio-tools`` if we may create cgroups there."""
+    root = parent / "studio-tools"
+    try:
+        root.mkdir(exist_ok=True)
+        probe = root / f"probe-{os.getpid()}"
+        probe.mkdir()
+        probe.rmdir()
+    except OSError:
+        return None
+    return root
+
+
+def check_available() -> None:
+    """Raise ``SandboxUnavailable`` when tools must refuse to run."""
+    if sandbox_mode() == "none":
+        return
+    if bwrap_path() is None:
+        raise SandboxUnavailable(INSTALL_HINT)
+
+
+def describe() -> str:
+    """One line for the start-up log: what isolation tools get here."""
+    if sandbox_mode() == "none":
+        return "NO ISOLATION (STUDIO_SANDBOX=none): tools run as plain subprocesses"
+    if bwrap_path() is None:
+        return "bubblewrap is missing: tools refuse to run until it is installed"
+    root = cgroup_root()
+    memory = f"per-call cgroup v{root.version}" if root else "per-process RLIMIT_AS (no cgroup)"
+    uid = "own uid per conversation" if can_drop_privileges() else "the server's uid"
+    return f"bubblewrap at {bwrap_path()}; memory: {memory}; {uid}"
+
+
+# --- workspaces --------------------------------------------------------------------------
 
 
 def sandbox_ids(workspace: Path) -> tuple[int, int] | None:
@@ -109,12 +262,36 @@ def prepare_workspace(path: Path) -> Path:
     return path
 
 
+def workspace_usage(path: Path, *, stop_above: int | None = None) -> int:
+    """Bytes used under ``path`` (stops counting once past ``stop_above``)."""
+    total = 0
+    stack = [path]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(Path(entry.path))
+                    else:
+                        # Allocated blocks, so sparse files count as what they cost.
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+                except OSError:
+                    continue
+                if stop_above is not None and total > stop_above:
+                    return total
+    return total
+
+
 def clean_env(workspace: Path) -> dict[str, str]:
     """Built from nothing, never copied from the server's environment."""
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": str(workspace),
-        "TMPDIR": str(workspace),
+        "TMPDIR": "/tmp",
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -123,21 +300,197 @@ def clean_env(workspace: Path) -> dict[str, str]:
     }
 
 
-def _preexec(limits: Limits, cpu_seconds: int, ids: tuple[int, int] | None):
-    def setup() -> None:  # runs in the child between fork and exec
-        os.setsid()
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-        if ids is not None:
-            resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-            os.setgroups([])
-            os.setgid(ids[1])
-            os.setuid(ids[0])
+# --- per-call cgroups ----------------------------------------------------------------------
 
-    return setup
+
+@dataclass
+class CallCgroup:
+    """The cgroups of one call: made before it starts, emptied and removed after."""
+
+    root: CgroupRoot
+    limits: Limits
+    name: str = field(default_factory=lambda: f"call-{secrets.token_hex(6)}")
+    dirs: list[Path] = field(default_factory=list)
+
+    def create(self) -> list[Path]:
+        """Make the cgroups and set their limits; returns their ``cgroup.procs`` files."""
+        memory = self.root.memory / self.name
+        memory.mkdir()
+        self.dirs.append(memory)
+        if self.root.version == 1:
+            (memory / "memory.limit_in_bytes").write_text(str(self.limits.memory_bytes))
+            # No swap here, but where there is some it must not extend the cap.
+            with contextlib.suppress(OSError):
+                (memory / "memory.memsw.limit_in_bytes").write_text(str(self.limits.memory_bytes))
+        else:
+            (memory / "memory.max").write_text(str(self.limits.memory_bytes))
+            with contextlib.suppress(OSError):
+                (memory / "memory.swap.max").write_text("0")
+        if self.root.pids is not None:
+            pids = self.root.pids / self.name
+            if pids != memory:
+                pids.mkdir()
+                self.dirs.append(pids)
+            (pids / "pids.max").write_text(str(self.limits.processes))
+        return [d / "cgroup.procs" for d in self.dirs]
+
+    def out_of_memory(self) -> bool:
+        memory = self.dirs[0]
+        try:
+            if self.root.version == 1:
+                control = (memory / "memory.oom_control").read_text()
+                kills = re.search(r"oom_kill (\d+)", control)
+                failed = int((memory / "memory.failcnt").read_text())
+                return bool(kills and int(kills.group(1))) or failed > 0
+            events = (memory / "memory.events").read_text()
+            kills = re.search(r"oom_kill (\d+)", events)
+            return bool(kills and int(kills.group(1)))
+        except (OSError, IndexError):
+            return False
+
+    def kill_all(self) -> None:
+        """SIGKILL whatever is left in the call's cgroups."""
+        for _ in range(100):
+            pids = set()
+            for d in self.dirs:
+                with contextlib.suppress(OSError):
+                    pids.update(int(p) for p in (d / "cgroup.procs").read_text().split())
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+
+    def remove(self) -> None:
+        self.kill_all()
+        for d in self.dirs:
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)  # the last process is still being reaped
+
+
+# A shell that joins the cgroups given before "--" and then becomes the command:
+# the first instruction of the call already runs inside its cgroups.
+_JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+
+
+# --- building the command line ---------------------------------------------------------------
+
+
+def _interpreter_binds(argv: list[str]) -> list[str]:
+    """A configured interpreter outside /usr is bound read-only with its prefix."""
+    program = Path(argv[0])
+    if not program.is_absolute():
+        return []
+    resolved = program.resolve()
+    if any(str(resolved).startswith(p + "/") for p in _SYSTEM_BINDS):
+        return []
+    prefix = resolved.parent.parent
+    if str(prefix) in ("/", ""):
+        return []
+    return ["--ro-bind", str(prefix), str(prefix)]
+
+
+def bwrap_argv(
+    argv: list[str],
+    *,
+    workspace: Path,
+    limits: Limits,
+    cpu_seconds: int,
+    file_bytes: int,
+    ids: tuple[int, int] | None,
+    memory_rlimit: bool,
+) -> list[str]:
+    bwrap = bwrap_path()
+    assert bwrap is not None
+    command = [
+        bwrap,
+        "--unshare-net",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+    ]
+    if not can_drop_privileges():
+        # Unprivileged: bubblewrap needs a user namespace of its own.
+        command.append("--unshare-user")
+    for path in _SYSTEM_BINDS:
+        command += ["--ro-bind", path, path]
+    for link, target in _USR_LINKS.items():
+        if os.path.islink(link):
+            command += ["--symlink", target, link]
+        elif os.path.isdir(link):
+            command += ["--ro-bind", link, link]
+    command += _interpreter_binds(argv)
+    command += ["--proc", "/proc", "--dev", "/dev"]
+    for tmp in ("/tmp", "/var/tmp", "/dev/shm"):
+        command += ["--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", tmp]
+    command += ["--bind", str(workspace), str(workspace), "--chdir", str(workspace)]
+    command.append("--clearenv")
+    for name, value in clean_env(workspace).items():
+        command += ["--setenv", name, value]
+    command.append("--")
+    if ids is not None:
+        command += [
+            "setpriv",
+            f"--reuid={ids[0]}",
+            f"--regid={ids[1]}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
+    command += [
+        "prlimit",
+        f"--cpu={cpu_seconds}:{cpu_seconds + 1}",
+        f"--fsize={file_bytes}",
+        f"--nofile={limits.open_files}",
+        "--core=0",
+    ]
+    if memory_rlimit:
+        command.append(f"--as={limits.memory_bytes}")
+    if ids is not None:
+        # Without a pids cgroup this is the cap; per uid, so per conversation.
+        command.append(f"--nproc={limits.processes}")
+    return [*command, "--", *argv]
+
+
+def plain_argv(argv: list[str], *, limits: Limits, cpu_seconds: int, file_bytes: int) -> list[str]:
+    """STUDIO_SANDBOX=none: rlimits only (``_run`` gives it a session of its own)."""
+    return [
+        "prlimit",
+        f"--cpu={cpu_seconds}:{cpu_seconds + 1}",
+        f"--fsize={file_bytes}",
+        f"--nofile={limits.open_files}",
+        f"--as={limits.memory_bytes}",
+        "--core=0",
+        "--",
+        *argv,
+    ]
+
+
+# --- running -------------------------------------------------------------------------------
+
+
+def default_limits() -> Limits:
+    from django.conf import settings
+
+    return Limits(
+        memory_bytes=settings.STUDIO_TOOL_MEMORY_MB * MB,
+        tmp_bytes=settings.STUDIO_TOOL_TMP_MB * MB,
+        workspace_bytes=settings.STUDIO_WORKSPACE_QUOTA_MB * MB,
+    )
 
 
 def run_sandboxed(
@@ -149,18 +502,68 @@ def run_sandboxed(
     stdin: str | None = None,
     limits: Limits | None = None,
 ) -> SandboxResult:
-    limits = limits or Limits()
+    """Run ``argv`` isolated; raises ``SandboxUnavailable`` when it cannot be."""
+    check_available()
+    limits = limits or default_limits()
     prepare_workspace(workspace)
-    ids = sandbox_ids(workspace)
-    proc = subprocess.Popen(  # noqa: S603 - argv is built by the tool, never a shell string
-        argv,
+    used = workspace_usage(workspace, stop_above=limits.workspace_bytes)
+    # No single file may grow past what is left of the quota; over it, the
+    # call can still read and delete, not grow anything.
+    file_bytes = max(0, min(limits.file_bytes, limits.workspace_bytes - used))
+    cpu_seconds = max(1, int(timeout) + 1)
+    cgroup = None
+    prefix: list[str] = []
+    if sandbox_mode() == "none":
+        command = plain_argv(argv, limits=limits, cpu_seconds=cpu_seconds, file_bytes=file_bytes)
+    else:
+        root = cgroup_root()
+        if root is not None:
+            cgroup = CallCgroup(root=root, limits=limits)
+            procs = cgroup.create()
+            prefix = ["/bin/sh", "-c", _JOIN_CGROUPS, "studio-sandbox", *map(str, procs), "--"]
+        command = bwrap_argv(
+            argv,
+            workspace=workspace,
+            limits=limits,
+            cpu_seconds=cpu_seconds,
+            file_bytes=file_bytes,
+            ids=sandbox_ids(workspace),
+            memory_rlimit=cgroup is None,
+        )
+    try:
+        return _run(
+            [*prefix, *command],
+            workspace=workspace,
+            timeout=timeout,
+            cancel=cancel,
+            stdin=stdin,
+            limits=limits,
+            cgroup=cgroup,
+        )
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
+
+
+def _run(
+    command: list[str],
+    *,
+    workspace: Path,
+    timeout: float,
+    cancel: CancelToken | None,
+    stdin: str | None,
+    limits: Limits,
+    cgroup: CallCgroup | None,
+) -> SandboxResult:
+    proc = subprocess.Popen(  # noqa: S603 - argv is built here, never a shell string
+        command,
         cwd=workspace,
         env=clean_env(workspace),
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        preexec_fn=_preexec(limits, max(1, int(timeout) + 1), ids),  # noqa: PLW1509
         close_fds=True,
+        start_new_session=True,
     )
     chunks: list[bytes] = []
     kept = [0]
@@ -168,17 +571,14 @@ def run_sandboxed(
 
     def drain() -> None:
         assert proc.stdout is not None
-        while True:
-            block = proc.stdout.read1(65536) if hasattr(proc.stdout, "read1") else b""
-            if not block:
-                break
+        while block := proc.stdout.read1(65536):
             room = OUTPUT_CAP - kept[0]
             if room > 0:
                 chunks.append(block[:room])
                 kept[0] += min(room, len(block))
             dropped[0] += max(0, len(block) - max(room, 0))
 
-    reader = threading.Thread(target=drain, daemon=True)
+    reader = threading.Thread(target=drain, daemon=True, name="studio-tool-output")
     reader.start()
     if stdin is not None:
         assert proc.stdin is not None
@@ -189,37 +589,49 @@ def run_sandboxed(
             pass
 
     deadline = time.monotonic() + timeout
-    timed_out = cancelled = False
+    next_quota_check = time.monotonic() + _QUOTA_CHECK_SECONDS
+    timed_out = cancelled = over_quota = False
     while True:
         try:
             proc.wait(timeout=0.05)
             break
         except subprocess.TimeoutExpired:
             pass
+        now = time.monotonic()
         if cancel is not None and cancel.is_set():
             cancelled = True
-        elif time.monotonic() >= deadline:
+        elif now >= deadline:
             timed_out = True
-        if timed_out or cancelled:
-            _kill_group(proc)
+        elif now >= next_quota_check:
+            next_quota_check = now + _QUOTA_CHECK_SECONDS
+            over_quota = (
+                workspace_usage(workspace, stop_above=limits.workspace_bytes)
+                > limits.workspace_bytes
+            )
+        if timed_out or cancelled or over_quota:
             break
-    _kill_group(proc)  # stray children of a finished program go too
+    # bubblewrap's PID namespace dies with its init: killing the session
+    # takes every process the program started, whatever it did to detach.
+    _kill_session(proc)
+    if cgroup is not None:
+        cgroup.kill_all()
     reader.join(5)
-    output = b"".join(chunks).decode("utf-8", errors="replace")
+    output = strip_nul(b"".join(chunks).decode("utf-8", errors="replace"))
     return SandboxResult(
         output=output,
         exit_code=proc.returncode,
         timed_out=timed_out,
         cancelled=cancelled,
         truncated_bytes=dropped[0],
+        out_of_memory=cgroup is not None and cgroup.out_of_memory(),
+        over_quota=over_quota,
+        quota_bytes=limits.workspace_bytes,
     )
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+def _kill_session(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:

@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-from approvals.gate import CancelToken
 from chat.tools.base import Tool
-from chat.tools.sandbox import run_sandboxed
+from chat.tools.sandbox import SandboxUnavailable, run_sandboxed
+from studio.cancel import CancelToken
 
 
 def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> str:
-    shell = shutil.which("bash") or "/bin/sh"
-    result = run_sandboxed(
-        [shell, "-c", arguments["command"]], workspace=workspace, timeout=timeout, cancel=cancel
-    )
+    try:
+        result = run_sandboxed(
+            ["/bin/bash", "-c", arguments["command"]],
+            workspace=workspace,
+            timeout=timeout,
+            cancel=cancel,
+        )
+    except SandboxUnavailable as exc:
+        return str(exc)
     return result.as_text(timeout=timeout)
 
 
 TOOL = Tool(
     name="terminal",
     description=(
-        "Run a shell command (bash) in this conversation's working folder and return its output."
+        "Run a shell command (bash) in this conversation's working folder and return its "
+        "output. There is no network."
     ),
     parameters={
         "type": "object",

@@ -14,7 +14,7 @@ import time
 import pytest
 from django.db import connections
 
-from approvals.gate import CancelToken, Gate
+from approvals.gate import Gate
 from approvals.models import ToolApproval, new_approval_id
 from approvals.services import (
     ApprovalNotFound,
@@ -23,6 +23,7 @@ from approvals.services import (
     approval_request,
     approval_wait,
 )
+from studio.cancel import CancelToken
 from tests.factories import make_conversation
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anydb]

@@ -40,7 +40,10 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: run ./scripts/ensure-chromium (make test does)")
+        pytest.fail(
+            f"{CHROMIUM} is missing: run ./scripts/ensure-system-packages chromium:chromium "
+            "(make test does)"
+        )
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=CHROMIUM,

@@ -215,8 +215,8 @@ def test_cancel_while_waiting_ends_the_run_without_running(conversation, setting
 
 def test_closing_the_generator_cancels_the_pending_row_and_slot(conversation, gate):
     model = ScriptedModel([("", [call("python", APPEND)])])
-    from approvals.gate import CancelToken
     from chat.agent import Agent
+    from studio.cancel import CancelToken
 
     agent = Agent(
         conversation=conversation, model=model, cancel=CancelToken(), run=make_run(conversation)

@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
-from approvals.gate import CancelToken
 from chat.llm.base import LLMError, TextDelta, TurnEnd
 from chat.llm.openai_compat import OpenAICompatModel
+from studio.cancel import CancelToken
 from tests.helpers.fake_openai import FakeOpenAI, Reply, content_chunks, tool_call_chunks
 
 TOOLS = [{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}]

@@ -7,8 +7,8 @@ import threading
 
 from django.db import connections
 
-from approvals.gate import CancelToken
 from chat.agent import Agent
+from studio.cancel import CancelToken
 
 BOUND = 20.0
 _END = object()

@@ -1,0 +1,286 @@
+"""The tool sandbox, attacked the way an approved call would attack it.
+
+These need root and bubblewrap (CI has both: ``make test`` installs it).
+Each test runs real programs through the real ``python`` / ``terminal``
+tools or ``run_sandboxed`` and looks at the host from outside.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+from chat.tools import REGISTRY, sandbox
+from chat.tools.sandbox import MB, Limits, run_sandboxed
+from studio.cancel import CancelToken
+
+pytestmark = pytest.mark.usefixtures("root_sandbox")
+
+TIMEOUT = 10.0
+
+
+@pytest.fixture
+def workspace(workspace_root, request):
+    # A conversation-N folder, as the agent uses: its own uid.
+    return workspace_root / f"conversation-{70_000 + abs(hash(request.node.name)) % 10_000}"
+
+
+def python(code: str, workspace, *, timeout: float = TIMEOUT, cancel=None) -> str:
+    return REGISTRY["python"].execute(
+        {"code": code}, cancel=cancel or CancelToken(), timeout=timeout, workspace=workspace
+    )
+
+
+def terminal(command: str, workspace, *, timeout: float = TIMEOUT, cancel=None) -> str:
+    return REGISTRY["terminal"].execute(
+        {"command": command}, cancel=cancel or CancelToken(), timeout=timeout, workspace=workspace
+    )
+
+
+def host_processes(marker: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True)
+    return [line for line in found.stdout.splitlines() if "pgrep" not in line]
+
+
+def host_address() -> str:
+    """One of this machine's non-loopback addresses."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("10.255.255.255", 1))  # no packet is sent: it only picks a route
+        return s.getsockname()[0]
+
+
+class Listener:
+    """A TCP server on the host, standing in for Studio or any local service."""
+
+    def __init__(self, host: str) -> None:
+        self.sock = socket.socket()
+        self.sock.bind((host, 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.accepted = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.sock.accept()
+            self.accepted.set()
+            conn.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+CONNECT = (
+    "import socket\n"
+    "for host, port in {targets!r}:\n"
+    "    try:\n"
+    "        socket.create_connection((host, port), 2).close(); print('CONNECTED', host, port)\n"
+    "    except OSError as e:\n"
+    "        print('REFUSED', host, port, e.errno)\n"
+)
+
+
+def test_no_network_to_loopback_services_or_the_hosts_other_addresses(workspace):
+    # Redis and PostgreSQL run on this machine; a listener stands in for Studio.
+    app = Listener("127.0.0.1")
+    other = Listener("0.0.0.0")  # noqa: S104 - on every address, the way a careless service binds
+    try:
+        targets = [
+            ("127.0.0.1", 6379),
+            ("127.0.0.1", 5432),
+            ("127.0.0.1", app.port),
+            ("localhost", app.port),
+            (host_address(), other.port),
+            ("1.1.1.1", 443),
+        ]
+        out = python(CONNECT.format(targets=targets), workspace)
+    finally:
+        app.close()
+        other.close()
+    assert "CONNECTED" not in out, out
+    assert out.count("REFUSED") == len(targets), out
+    assert not app.accepted.is_set() and not other.accepted.is_set()
+
+
+def test_the_call_sees_only_its_own_processes(workspace):
+    out = terminal("sleep 0.2 & ls /proc | grep -E '^[0-9]+$' | wc -l; ps -e -o comm=", workspace)
+    lines = out.split()
+    count = int(lines[0])
+    # bwrap's init, bash, sleep, ls, grep, wc: a handful, never the host's.
+    assert count < 10, out
+    for host_only in ("daphne", "postgres", "redis-server", "pytest"):
+        assert host_only not in out
+
+
+@pytest.mark.parametrize("how", ["end", "timeout", "stop"])
+def test_nothing_the_call_starts_survives_it(workspace, how):
+    marker = f"studio-escape-{uuid.uuid4().hex[:8]}"
+    # Three ways out of a process group: setsid, nohup + disown, a double fork.
+    command = (
+        f"setsid sleep 600 {marker}-a >/dev/null 2>&1 < /dev/null & "
+        f"nohup sleep 600 {marker}-b >/dev/null 2>&1 & disown; "
+        f"( ( sleep 600 {marker}-c >/dev/null 2>&1 & ) & ); "
+        "sleep 0.3; echo started"
+    )
+    cancel = CancelToken()
+    if how == "timeout":
+        command += "; sleep 600"
+    elif how == "stop":
+        command += "; sleep 600"
+        threading.Timer(1.5, cancel.cancel).start()
+    out = terminal(command, workspace, timeout=2.0 if how == "timeout" else TIMEOUT, cancel=cancel)
+    assert "started" in out, out
+    if how == "timeout":
+        assert out.startswith("Error: timed out")
+    if how == "stop":
+        assert out.startswith("Error: stopped by the user.")
+    deadline = time.monotonic() + 5
+    while host_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert host_processes(marker) == []
+
+
+MEMORY_HOGS = (
+    "import os, sys, time\n"
+    "children = []\n"
+    "for i in range(4):\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        block = bytearray(100 * 1024 * 1024)\n"
+    "        for j in range(0, len(block), 4096): block[j] = 1\n"
+    "        print('held', i, flush=True)\n"
+    "        time.sleep(3)\n"
+    "        print('survived', i, flush=True)\n"
+    "        os._exit(0)\n"
+    "    children.append(pid)\n"
+    "for pid in children: os.waitpid(pid, 0)\n"
+)
+
+
+def test_memory_is_capped_per_call_not_per_process(workspace):
+    """Four processes of 100 MB each do not fit in a 256 MB call."""
+    assert sandbox.cgroup_root() is not None, "this machine offers memory cgroups (CI does)"
+    result = run_sandboxed(
+        ["/usr/bin/python3", "-I", "-c", MEMORY_HOGS],
+        workspace=workspace,
+        timeout=TIMEOUT,
+        limits=Limits(memory_bytes=256 * MB),
+    )
+    # (The kernel may kill a child that already said "held": count survivors.)
+    assert result.output.count("survived") < 4, result.output
+    assert result.out_of_memory
+    assert "used more than its memory limit" in result.as_text(timeout=TIMEOUT)
+
+
+def test_one_process_past_the_limit_is_killed(workspace):
+    out = python("x = bytearray(2 * 1024 ** 3); print('allocated')", workspace)
+    assert "allocated" not in out
+    assert "memory limit" in out or "MemoryError" in out
+
+
+@pytest.mark.parametrize("path", ["/tmp", "/var/tmp", "/dev/shm"])
+def test_tmp_dirs_are_private_to_the_call_and_capped(workspace, path):
+    name = f"studio-private-{uuid.uuid4().hex[:8]}"
+    out = terminal(f"echo secret > {path}/{name} && ls {path}", workspace)
+    assert out.split() == [name], out
+    # Not on the host, and not in the next call.
+    assert not (sandbox.Path(path) / name).exists()
+    assert terminal(f"ls -A {path}", workspace) == "(no output)"
+    # Size-capped: 64 MB by default, so ten files of 10 MB do not fit.
+    out = terminal(
+        f"for i in $(seq 1 10); do head -c 10000000 /dev/zero > {path}/big$i || break; done",
+        workspace,
+    )
+    assert "No space left on device" in out, out
+
+
+def test_secrets_are_not_in_the_calls_environment(workspace, monkeypatch):
+    secrets = {
+        "DJANGO_SECRET_KEY": "s3cret-key",
+        "LLM_API_KEY": "sk-live-123",
+        "DATABASE_URL": "postgres://u:pw@db/x",
+        "REDIS_URL": "redis://:pw@r:6379/0",
+        "AWS_SECRET_ACCESS_KEY": "aws",
+    }
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    out = terminal("env; cat /proc/1/environ /proc/self/environ | tr '\\0' '\\n'", workspace)
+    for name, value in secrets.items():
+        assert name not in out and value not in out
+    assert "HOME=" + str(workspace) in out
+
+
+def test_the_host_disk_is_out_of_sight_and_the_system_read_only(workspace):
+    out = terminal(
+        "ls /root /home /work /var/lib 2>&1; touch /usr/x /etc/x 2>&1; id -u; "
+        "cat /proc/self/status | grep CapEff",
+        workspace,
+    )
+    assert "No such file or directory" in out
+    assert out.count("Read-only file system") == 2, out
+    assert "CapEff:\t0000000000000000" in out
+    assert "\n0\n" not in f"\n{out}\n"  # not root
+
+
+def test_workspace_quota_caps_files_and_kills_a_call_that_passes_it(workspace):
+    limits = Limits(workspace_bytes=8 * MB, file_bytes=16 * MB)
+
+    def run(command: str):
+        return run_sandboxed(
+            ["/bin/bash", "-c", command], workspace=workspace, timeout=TIMEOUT, limits=limits
+        )
+
+    # One file larger than the quota: cut by the kernel (RLIMIT_FSIZE).
+    one = run("head -c 20000000 /dev/zero > one.bin; echo rc=$?")
+    assert "File size limit exceeded" in one.output and "rc=153" in one.output, one.output
+    assert sandbox.workspace_usage(workspace) <= 8 * MB
+    # At the quota, nothing grows, but a call can still clean up.
+    grow = run("python3 -c \"f = open('one.bin', 'ab'); f.write(b'more'); f.close()\"")
+    assert "File too large" in grow.output, grow.output
+    assert run("rm one.bin; echo cleaned").output == "cleaned\n"
+    # Many files each under the per-file cap: the quota check kills the call.
+    many = run("for i in $(seq 1 60); do head -c 1000000 /dev/zero > f$i; sleep 0.05; done; echo x")
+    assert many.over_quota and not many.output.endswith("x\n"), many
+    assert "passed its quota of 8 MB" in many.as_text(timeout=TIMEOUT)
+    assert run("rm -f f*; echo cleaned").output.strip() == "cleaned"
+    assert sandbox.workspace_usage(workspace) < MB
+
+
+def test_forks_are_capped_per_call(workspace):
+    code = (
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    for _ in range(10000):\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30); os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError as e:\n"
+        "    print('fork refused after', n, type(e).__name__)\n"
+    )
+    out = python(code, workspace, timeout=5)
+    assert "fork refused after" in out
+    assert int(out.split("after")[1].split()[0]) < 100
+
+
+def test_without_bubblewrap_tools_refuse_with_what_to_install(workspace, monkeypatch):
+    monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)
+    out = python("print('ran')", workspace)
+    assert out == sandbox.INSTALL_HINT
+    assert "apt-get install bubblewrap" in out and "STUDIO_SANDBOX=none" in out
+    assert terminal("echo ran", workspace) == sandbox.INSTALL_HINT
+
+
+def test_sandbox_none_is_an_explicit_opt_out(workspace, settings):
+    settings.STUDIO_SANDBOX = "none"
+    out = terminal("ls /proc | grep -cE '^[0-9]+$'", workspace)
+    # No PID namespace: the host's processes are visible. That is what
+    # opting out means; the default never does this.
+    assert int(out.strip()) > 10
