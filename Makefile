@@ -26,7 +26,8 @@ run: $(VENV)/.runtime
 	./scripts/ensure-system-packages --optional bubblewrap:bwrap
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_login
-	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) studio.asgi:application
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-False} DJANGO_SECRET_KEY_FILE=$${DJANGO_SECRET_KEY_FILE:-.secret_key} \
+		$(VENV)/bin/daphne -b $(HOST) -p $(PORT) studio.asgi:application
 
 test: $(VENV)/.dev
 	./scripts/ensure-system-packages chromium:chromium bubblewrap:bwrap

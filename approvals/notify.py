@@ -37,6 +37,11 @@ def _deliver(what: str, target: str, message: dict, send) -> bool:
     return False
 
 
+def member_group(user_id: int) -> str:
+    """Every socket of one member (session checks; their approvals inbox)."""
+    return f"member.{user_id}"
+
+
 def layer_send(channel: str, message: dict) -> bool:
     layer = get_channel_layer()
     if layer is None or not channel:

@@ -12,6 +12,7 @@ class ChatConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        import chat.signals  # noqa: F401 - sockets re-check sessions on logout
         import studio.signals  # noqa: F401 - connects the SQLite permission guard
         from chat.tools import sandbox
 

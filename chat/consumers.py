@@ -6,12 +6,20 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from approvals.inbox import ensure_inbox, off_layer_reset, on_layer_reset
+from approvals.notify import member_group
 from chat import render
 from chat.models import Conversation
 from chat.runs import run_launch, run_stop
+from chat.services import session_digest
+from studio.sessions import session_user
+from studio.text import strip_nul
 
 MAX_FRAME = 64 * 1024
 MAX_MESSAGE = 20_000
+
+# Close codes the page understands (studio.js): it stops reconnecting and says why.
+CLOSE_LOGGED_OUT = 4401
+CLOSE_NOT_FOUND = 4404
 
 REFUSALS = {
     "busy": "The server is busy right now: all agent workers are in use. "
@@ -21,6 +29,7 @@ REFUSALS = {
     "empty": "Type a message first.",
     "gone": "This conversation no longer exists.",
 }
+SESSION_ENDED = "Your session has ended (logged out, or the account changed). Log in again."
 
 
 @database_sync_to_async
@@ -43,38 +52,48 @@ def _stop(conversation_id: int, user) -> bool:
     return run_stop(conversation_id=conversation_id, user=user)
 
 
+@database_sync_to_async
+def _session_alive(session_key: str | None, user_id: int) -> bool:
+    user = session_user(session_key)
+    return user.is_authenticated and user.pk == user_id
+
+
 class ChatConsumer(AsyncWebsocketConsumer):
     """One browser tab on one conversation.
 
     It only forwards: the run's fragments arrive through the conversation's
     group (from any process); messages and Stop go to the run services.
+    Every action first checks that the tab's session still logs its member
+    in, so a tab left open after logging out (or after the account was
+    deactivated or its password changed) can do nothing more.
     """
 
     conversation_id: int | None = None
 
     async def connect(self) -> None:
+        # Refusals accept first and then close, so the page learns the code.
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=4401)
+            await self.accept()
+            await self.close(code=CLOSE_LOGGED_OUT)
             return
-        try:
-            conversation_id = int(self.scope["url_route"]["kwargs"]["conversation_id"])
-        except (KeyError, TypeError, ValueError):
-            await self.close(code=4404)
-            return
+        conversation_id = int(self.scope["url_route"]["kwargs"]["conversation_id"])
         conversation = await _conversation_for(conversation_id, user)
         if conversation is None:
-            await self.close(code=4404)
+            await self.accept()
+            await self.close(code=CLOSE_NOT_FOUND)
             return
         self.user = user
         self.conversation_id = conversation_id
         self.group = conversation.group_name
+        self.member_group = member_group(user.pk)
         self.seq = 0
         await ensure_inbox()
         on_layer_reset(self._rejoin)
         # Join before accepting, then catch up: whatever happened between the
         # page render and now is in the state we send.
         await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.channel_layer.group_add(self.member_group, self.channel_name)
         await self.accept()
         await self.send(text_data=await _catch_up(conversation))
 
@@ -83,15 +102,29 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if self.conversation_id is not None:
             off_layer_reset(self._rejoin)
             await self.channel_layer.group_discard(self.group, self.channel_name)
+            await self.channel_layer.group_discard(self.member_group, self.channel_name)
 
     async def _rejoin(self) -> None:
-        """Redis restarted and forgot our group: join again and catch the tab up."""
+        """Redis restarted and forgot our groups: join again and catch the tab up."""
         await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.channel_layer.group_add(self.member_group, self.channel_name)
         conversation = await _conversation_for(self.conversation_id, self.user)
         if conversation is not None:
             await self.send(text_data=await _catch_up(conversation))
 
+    async def _session_ended(self, *, ended: str = "") -> bool:
+        """Close the socket, saying why, when its session no longer logs the member in."""
+        session = self.scope.get("session")
+        key = session.session_key if session is not None else None
+        if not (ended and ended == session_digest(key)) and await _session_alive(key, self.user.pk):
+            return False
+        await self._notice(SESSION_ENDED)
+        await self.close(code=CLOSE_LOGGED_OUT)
+        return True
+
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if await self._session_ended():
+            return
         if text_data is None:
             await self._notice("Studio only understands text messages.")
             return
@@ -100,7 +133,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return
         try:
             data = json.loads(text_data)
-        except ValueError:
+        except (ValueError, RecursionError):
+            # RecursionError: a deeply nested frame is still just unreadable.
             await self._notice("Studio could not read that message.")
             return
         if not isinstance(data, dict):
@@ -118,6 +152,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if not isinstance(text, str):
             await self._notice("Studio could not read that message.")
             return
+        text = strip_nul(text)
         if len(text) > MAX_MESSAGE:
             await self._notice(f"Messages are limited to {MAX_MESSAGE:,} characters.")
             return
@@ -147,3 +182,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if event.get("reason") == "always_allow":
             html += await _settings(self.conversation_id)
         await self.send(text_data=html)
+
+    async def session_check(self, event: dict) -> None:
+        """The member logged out or their account changed somewhere: re-check now."""
+        await self._session_ended(ended=event.get("ended", ""))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolGrant
+from approvals.notify import group_send, member_group
 from approvals.services import grant_revoke
 from chat.models import Conversation, Message, Run
 from chat.tools import tool_names
@@ -23,6 +25,17 @@ TITLE_LENGTH = 60
 
 class RunBusy(Exception):
     """The conversation already has a run going."""
+
+
+def session_digest(session_key: str | None) -> str:
+    """A session key as it may travel through the channel layer (not the key itself)."""
+    return hashlib.sha256((session_key or "").encode()).hexdigest() if session_key else ""
+
+
+def member_sessions_recheck(*, user_id: int, ended_session: str | None = None) -> None:
+    """After commit, make every open socket of the member re-check its session."""
+    message = {"type": "session.check", "ended": session_digest(ended_session)}
+    transaction.on_commit(lambda: group_send(member_group(user_id), message))
 
 
 def conversation_start(*, owner, title: str = "New chat") -> Conversation:

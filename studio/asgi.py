@@ -13,17 +13,20 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import re_path  # noqa: E402
 
 from chat.routing import websocket_urlpatterns  # noqa: E402
+from studio.websocket import SameOriginValidator, UnknownPathConsumer  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # /static/ from the app's own files, in production too (a proxy may
         # serve them instead in a larger deployment).
         "http": ASGIStaticFilesHandler(django_asgi_app),
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        "websocket": SameOriginValidator(
+            AuthMiddlewareStack(
+                URLRouter([*websocket_urlpatterns, re_path(r"", UnknownPathConsumer.as_asgi())])
+            )
         ),
     }
 )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -19,17 +21,22 @@ def _secret_key() -> str:
     key = env_str("DJANGO_SECRET_KEY")
     if key:
         return key
-    if not DEBUG:
-        raise ImproperlyConfigured("DJANGO_SECRET_KEY is required when DJANGO_DEBUG=False")
-    # Development: generate one key once and keep it in an ignored file, so
-    # sessions survive restarts without anyone committing a secret.
-    path = BASE_DIR / ".secret_key"
+    # A generated key kept in an ignored file: in development, and for
+    # `make run` (one machine, DEBUG off), which names the file explicitly.
+    # Several machines must share one key: set DJANGO_SECRET_KEY there.
+    named = env_str("DJANGO_SECRET_KEY_FILE")
+    if not named and not DEBUG:
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY (or DJANGO_SECRET_KEY_FILE) is required when DJANGO_DEBUG=False"
+        )
+    path = Path(named) if named else BASE_DIR / ".secret_key"
     try:
         return path.read_text().strip()
     except FileNotFoundError:
         key = secrets.token_urlsafe(50)
-        path.write_text(key)
-        path.chmod(0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key)
         return key
 
 
@@ -46,6 +53,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "axes",
     "django_htmx",
     "template_partials",
     "chat",
@@ -62,7 +70,25 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    # Last, as django-axes asks: turns a lockout into its 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
+
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out login before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Login throttling for a team app: a username is locked for a while after a
+# few failures *from one address*, so nobody can lock a colleague out from
+# elsewhere by guessing at their name.
+AXES_FAILURE_LIMIT = env_int("STUDIO_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_float("STUDIO_LOGIN_COOLOFF_MINUTES", 15, minimum=0.01))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_CLIENT_IP_CALLABLE = "studio.http.client_ip"
+AXES_VERBOSE = False
 
 ROOT_URLCONF = "studio.urls"
 ASGI_APPLICATION = "studio.asgi.application"
@@ -168,8 +194,10 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 # is async-capable: a request never queues behind another on Django's one
 # thread for sync code.
 
-# Behind an HTTPS proxy: secure cookies and trust its X-Forwarded-Proto.
-if env_bool("STUDIO_HTTPS", False):
+# Behind an HTTPS proxy: secure cookies and trust its X-Forwarded-Proto (and
+# its X-Forwarded-For, for login throttling and the audit's client address).
+STUDIO_HTTPS = env_bool("STUDIO_HTTPS", False)
+if STUDIO_HTTPS:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

@@ -26,8 +26,16 @@
   document.addEventListener("htmx:wsOpen", function () { setConnection("online", "Live"); });
   document.addEventListener("htmx:wsClose", function (evt) {
     var code = evt.detail.event && evt.detail.event.code;
-    if (code === 4401 || code === 4404 || code === 4403) {
-      setConnection("offline", "Not allowed — reload the page");
+    // Codes the server closes with on purpose: do not reconnect, say why.
+    var final = {
+      4401: "Logged out — reload the page to log in again",
+      4403: "Not allowed — reload the page",
+      4404: "Not found — this conversation is gone",
+    };
+    if (final[code]) {
+      setConnection("offline", final[code]);
+      var wrapper = evt.detail.socketWrapper;
+      if (wrapper && wrapper.close) wrapper.close();
       return;
     }
     setConnection("offline", "Offline — reconnecting…");

@@ -31,13 +31,32 @@ def session_cookie(user) -> str:
     return f"sessionid={client.cookies['sessionid'].value}"
 
 
-async def open_socket(conversation_id: int, user=None, *, origin: str = "http://127.0.0.1"):
-    headers = [(b"origin", origin.encode()), (b"host", b"127.0.0.1")]
+async def open_socket(
+    conversation_id: int,
+    user=None,
+    *,
+    origin: str = "http://127.0.0.1",
+    host: str = "127.0.0.1",
+    cookie: str | None = None,
+    path: str | None = None,
+):
+    headers = [(b"origin", origin.encode()), (b"host", host.encode())]
     if user is not None:
-        headers.append((b"cookie", (await session_cookie(user)).encode()))
-    comm = WebsocketCommunicator(application, f"/ws/c/{conversation_id}/", headers=headers)
+        cookie = cookie or await session_cookie(user)
+    if cookie:
+        headers.append((b"cookie", cookie.encode()))
+    comm = WebsocketCommunicator(application, path or f"/ws/c/{conversation_id}/", headers=headers)
     connected, code = await comm.connect(timeout=BOUND)
     return comm, connected, code
+
+
+async def closed_with(comm, code: int) -> None:
+    """The socket was accepted, then closed with ``code`` (so the page learns it)."""
+    while True:
+        output = await comm.receive_output(timeout=BOUND)
+        if output["type"] == "websocket.close":
+            assert output.get("code") == code, output
+            return
 
 
 async def receive_until(comm, needle: str | re.Pattern, timeout: float = BOUND) -> str:
@@ -81,24 +100,121 @@ async def send(comm, **data) -> None:
     await comm.send_to(text_data=json.dumps(data))
 
 
-async def test_anonymous_is_refused(conversation):
-    comm, connected, code = await open_socket(conversation.pk)
-    assert not connected and code == 4401
+async def test_anonymous_is_refused_with_a_code_the_page_reads(conversation):
+    comm, connected, _ = await open_socket(conversation.pk)
+    assert connected
+    await closed_with(comm, 4401)
 
 
 async def test_other_members_conversation_is_refused(conversation, bob):
-    comm, connected, code = await open_socket(conversation.pk, bob)
-    assert not connected and code == 4404
+    comm, connected, _ = await open_socket(conversation.pk, bob)
+    await closed_with(comm, 4404)
 
 
 async def test_unknown_conversation_is_refused(alice):
-    comm, connected, code = await open_socket(999999, alice)
+    comm, connected, _ = await open_socket(999999, alice)
+    await closed_with(comm, 4404)
+
+
+async def test_unknown_path_is_refused_cleanly(alice):
+    comm, connected, _ = await open_socket(0, alice, path="/ws/nope/")
+    assert connected
+    await closed_with(comm, 4404)
+
+
+@pytest.mark.parametrize(
+    ("origin", "host"),
+    [
+        ("http://evil.example", "127.0.0.1"),
+        # Same host, another port: any other local service's page.
+        ("http://127.0.0.1:8310", "127.0.0.1:8300"),
+        ("http://127.0.0.1", "127.0.0.1:8300"),
+        # Same host and port, another scheme.
+        ("https://127.0.0.1:8300", "127.0.0.1:8300"),
+        # A host that is not ours, even when the page and the socket agree.
+        ("http://evil.example", "evil.example"),
+    ],
+)
+async def test_foreign_origin_is_refused(conversation, alice, origin, host):
+    comm, connected, _ = await open_socket(conversation.pk, alice, origin=origin, host=host)
     assert not connected
 
 
-async def test_foreign_origin_is_refused(conversation, alice):
-    comm, connected, _ = await open_socket(conversation.pk, alice, origin="http://evil.example")
-    assert not connected
+async def test_same_origin_with_port_is_accepted(conversation, alice):
+    comm, connected, _ = await open_socket(
+        conversation.pk, alice, origin="http://127.0.0.1:8300", host="127.0.0.1:8300"
+    )
+    assert connected
+    await comm.receive_from(timeout=BOUND)
+    await comm.disconnect()
+
+
+async def test_trusted_origin_behind_a_proxy_is_accepted(conversation, alice, settings):
+    settings.CSRF_TRUSTED_ORIGINS = ["https://studio.example.com"]
+    comm, connected, _ = await open_socket(
+        conversation.pk, alice, origin="https://studio.example.com", host="127.0.0.1:8300"
+    )
+    assert connected
+    await comm.disconnect()
+
+
+# --- sessions that end ------------------------------------------------------------------
+
+
+@sync_to_async
+def logged_in_client(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+async def test_logging_out_closes_the_open_socket_and_refuses_its_actions(conversation, alice):
+    client = await logged_in_client(alice)
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+    comm, connected, _ = await open_socket(conversation.pk, alice, cookie=cookie)
+    await comm.receive_from(timeout=BOUND)
+    await sync_to_async(client.post)("/accounts/logout/")
+    frames = await receive_until(comm, "session has ended")
+    assert "notice-error" in frames
+    await closed_with(comm, 4401)
+    # The same (dead) session on a new socket cannot start anything either.
+    again, connected, _ = await open_socket(conversation.pk, alice, cookie=cookie)
+    await closed_with(again, 4401)
+    assert not await sync_to_async(Run.objects.exists)()
+
+
+@pytest.mark.parametrize("change", ["deactivated", "password"])
+async def test_an_account_change_ends_the_sockets_session(conversation, alice, change):
+    comm, _, _ = await open_socket(conversation.pk, alice)
+    await comm.receive_from(timeout=BOUND)
+
+    def change_account() -> None:
+        if change == "deactivated":
+            alice.is_active = False
+        else:
+            alice.set_password("a-brand-new-password-42")
+        alice.save()
+
+    await sync_to_async(change_account)()
+    await receive_until(comm, "session has ended")
+    await closed_with(comm, 4401)
+
+
+async def test_a_dead_session_cannot_start_a_run_even_without_the_push(conversation, alice):
+    """Every action checks the session itself: a lost push changes nothing."""
+    from django.contrib.sessions.models import Session
+
+    client = await logged_in_client(alice)
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+    comm, _, _ = await open_socket(conversation.pk, alice, cookie=cookie)
+    await comm.receive_from(timeout=BOUND)
+    # Gone from the store behind the sockets' back (as an expired session is).
+    await sync_to_async(Session.objects.all().delete)()
+    await send(comm, message="run python: print(1)")
+    await receive_until(comm, "session has ended")
+    await closed_with(comm, 4401)
+    assert not await sync_to_async(Run.objects.exists)()
+    assert not await sync_to_async(Message.objects.exists)()
 
 
 async def test_connect_sends_the_current_state(conversation, alice):
@@ -233,6 +349,8 @@ async def test_every_tab_sees_the_decision(conversation, alice):
         json.dumps({"action": "explode"}),
         json.dumps({"message": 42}),
         "x" * 70000,
+        "[" * 20_000 + "]" * 20_000,  # nested past Python's recursion limit
+        '{"message": ' + "[" * 30_000 + "]" * 30_000 + "}",
     ],
 )
 async def test_bad_frames_get_a_notice_and_change_nothing(conversation, alice, frame):

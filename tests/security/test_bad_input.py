@@ -168,7 +168,11 @@ def test_websocket_frames_fuzz(world, frame):
         comm = WebsocketCommunicator(
             application,
             f"/ws/c/{conversation_id}/",
-            headers=[(b"origin", b"http://127.0.0.1"), (b"cookie", f"sessionid={cookie}".encode())],
+            headers=[
+                (b"origin", b"http://127.0.0.1"),
+                (b"host", b"127.0.0.1"),
+                (b"cookie", f"sessionid={cookie}".encode()),
+            ],
         )
         connected, _ = await comm.connect(timeout=10)
         assert connected
