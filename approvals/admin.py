@@ -39,30 +39,29 @@ def export_csv(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
         "requested_at"
     )
     for a in rows.iterator():
-        writer.writerow(
-            [
-                a.approval_id,
-                a.requested_at.isoformat(),
-                a.conversation_id,
-                _csv_safe(a.conversation.title),
-                a.requested_by.get_username() if a.requested_by else "",
-                a.tool_name,
-                _csv_safe(json.dumps(a.arguments, ensure_ascii=False)),
-                a.arguments_sha256,
-                a.status,
-                a.reason,
-                a.decided_by.get_username() if a.decided_by else "",
-                a.decided_at.isoformat() if a.decided_at else "",
-                "" if a.wait_seconds is None else f"{a.wait_seconds:.3f}",
-                _csv_safe(a.note),
-                a.run_id,
-            ]
-        )
+        cells = [
+            a.approval_id,
+            a.requested_at.isoformat(),
+            a.conversation_id,
+            a.conversation.title,
+            a.requested_by.get_username() if a.requested_by else "",
+            a.tool_name,
+            json.dumps(a.arguments, ensure_ascii=False),
+            a.arguments_sha256,
+            a.status,
+            a.reason,
+            a.decided_by.get_username() if a.decided_by else "",
+            a.decided_at.isoformat() if a.decided_at else "",
+            "" if a.wait_seconds is None else f"{a.wait_seconds:.3f}",
+            a.note,
+            a.run_id,
+        ]
+        writer.writerow([csv_safe(str(cell)) for cell in cells])
     return response
 
 
-def _csv_safe(value: str) -> str:
-    # Cells starting with these run as formulas in spreadsheets.
+def csv_safe(value: str) -> str:
+    """Every cell, ids and usernames too: these first characters run as formulas."""
     if value and value[0] in "=+-@\t\r":
         return "'" + value
     return value

@@ -28,6 +28,7 @@ from approvals.inbox import current_inbox
 from approvals.models import ToolApproval, ToolGrant, arguments_hash
 from approvals.notify import group_send, layer_send
 from studio.cancel import CancelToken
+from studio.text import strip_nul
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ def approval_decide(*, approval_id: str, user, decision: str, note: str = "") ->
     approval = approval_get_for_user(approval_id=approval_id, user=user)
     if decision not in DECISIONS:
         raise InvalidDecision("decision must be one of: allow, always, deny")
-    note = (note or "").strip()
+    note = strip_nul(note or "").strip()
     if len(note) > settings.STUDIO_NOTE_MAX_LENGTH:
         raise InvalidDecision(f"note must be at most {settings.STUDIO_NOTE_MAX_LENGTH} characters")
     status, reason, grants = DECISIONS[decision]

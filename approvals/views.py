@@ -36,6 +36,9 @@ def _decide(**kwargs) -> DecideResult:
 @login_required
 async def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
     """Record Allow / Always allow / Deny; the first decision wins (409 after)."""
+    for name in ("decision", "note"):
+        if len(request.POST.getlist(name)) > 1:
+            return _bad_request(request, f"{name} must be given once")
     try:
         result = await sync_to_async(_decide, thread_sensitive=False, executor=DECISION_POOL)(
             approval_id=approval_id,
@@ -46,9 +49,7 @@ async def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
     except ApprovalNotFound:
         raise Http404("No such approval.") from None
     except InvalidDecision as exc:
-        if wants_json(request):
-            return JsonResponse({"error": str(exc)}, status=400)
-        return HttpResponse(str(exc), status=400, content_type="text/plain; charset=utf-8")
+        return _bad_request(request, str(exc))
 
     approval = result.approval
     status = 200 if result.resolved else 409
@@ -68,3 +69,9 @@ async def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
         {"approval": approval},
         status=409,
     )
+
+
+def _bad_request(request: HtmxHttpRequest, message: str) -> HttpResponse:
+    if wants_json(request):
+        return JsonResponse({"error": message}, status=400)
+    return HttpResponse(message, status=400, content_type="text/plain; charset=utf-8")

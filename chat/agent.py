@@ -38,6 +38,7 @@ from chat.models import Conversation, Message, Run
 from chat.tools import REGISTRY
 from chat.transcript import transcript_build
 from studio.cancel import CancelToken
+from studio.text import strip_nul, strip_nul_json
 
 logger = logging.getLogger(__name__)
 
@@ -148,11 +149,15 @@ class Agent:
                 return
 
             calls = self._unique_ids(turn.tool_calls)
+            for c in calls:
+                # Whatever the model client: no NUL reaches a row (PostgreSQL refuses it).
+                c.name = strip_nul(c.name or "")
+                c.arguments = strip_nul_json(c.arguments) if c.arguments is not None else None
             self.turn_message = Message.objects.create(
                 conversation=self.conversation,
                 run=self.run,
                 role=Message.Role.ASSISTANT,
-                content=turn.content,
+                content=strip_nul(turn.content),
                 tool_calls=[
                     {"id": c.id, "name": c.name, "arguments": c.arguments or {}} for c in calls
                 ],
@@ -308,7 +313,7 @@ class Agent:
             conversation=self.conversation,
             run=self.run,
             role=Message.Role.TOOL,
-            content=result,
+            content=strip_nul(result),
             tool_call_id=call.id,
             tool_name=call.name or "",
             tool_arguments=call.arguments or {},

@@ -18,6 +18,7 @@ from chat.services import (
     transcript_items,
 )
 from studio.http import HtmxHttpRequest
+from studio.text import strip_nul
 
 
 def _owned(request: HtmxHttpRequest, conversation_id: int) -> Conversation:
@@ -58,7 +59,7 @@ async def conversation_send(request: HtmxHttpRequest, conversation_id: int) -> H
     owned = await Conversation.objects.owned_by(user).filter(pk=conversation_id).aexists()
     if not owned:
         raise Http404("No such conversation.")
-    text = request.POST.get("message", "")
+    text = strip_nul(request.POST.get("message", ""))
     if len(text) > MAX_MESSAGE:
         return HttpResponse(f"Messages are limited to {MAX_MESSAGE:,} characters.", status=400)
     launch = await run_launch(conversation_id=conversation_id, user=user, text=text)

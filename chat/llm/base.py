@@ -19,7 +19,6 @@ class ToolCall:
     arguments: dict | None
     # Set when the arguments could not be parsed; the model is told so.
     error: str = ""
-    raw_arguments: str = ""
 
 
 @dataclass

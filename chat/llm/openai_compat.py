@@ -2,8 +2,9 @@
 
 Streams content deltas; accumulates native tool-call deltas by index (their
 arguments arrive in pieces); falls back to ``<tool_call>`` text blocks for
-servers without native tool calling. Every failure becomes an ``LLMError``
-with a message a user can act on.
+servers without native tool calling (only the model's own words: never a
+block it quotes back from a tool result). A reply is capped like tool output.
+Every failure becomes an ``LLMError`` with a message a user can act on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ import openai
 from chat.llm.base import Chunk, LLMError, TextDelta, ToolCall, TurnEnd, new_call_id
 from chat.llm.textcalls import OPEN, holdback, parse_arguments, split_text_calls
 from studio.cancel import CancelToken
+from studio.text import strip_nul, strip_nul_json
+
+# The most of one reply (content, and each call's arguments) Studio keeps.
+MAX_REPLY_CHARS = 64 * 1024
+TRUNCATED = "\n\n[Studio cut this reply: it was longer than {limit:,} characters.]"
 
 
 class OpenAICompatModel:
@@ -36,14 +42,17 @@ class OpenAICompatModel:
             stream = self.client.chat.completions.create(**kwargs)
         except Exception as exc:
             raise LLMError(self._describe(exc)) from None
-        yield from self._consume(stream, cancel)
+        quoted = [
+            str(m.get("content") or "") for m in messages if m.get("role") in ("tool", "user")
+        ]
+        yield from self._consume(stream, cancel, quoted=quoted)
 
-    def _consume(self, stream, cancel: CancelToken) -> Iterator[Chunk]:
+    def _consume(self, stream, cancel: CancelToken, *, quoted: list[str]) -> Iterator[Chunk]:
         content = ""
         shown = 0  # characters of content already yielded
         in_text_call = False
         calls: dict[int, dict] = {}
-        finished = False
+        finished = truncated = False
         try:
             with stream:
                 for chunk in stream:
@@ -65,10 +74,18 @@ class OpenAICompatModel:
                                 slot["name"] += tc.function.name
                             if tc.function.arguments:
                                 slot["args"] += tc.function.arguments
+                                truncated |= len(slot["args"]) > MAX_REPLY_CHARS
                     text = getattr(delta, "content", None)
+                    if text:
+                        content += strip_nul(text)
+                        truncated |= len(content) > MAX_REPLY_CHARS
+                    if truncated:
+                        # Stop reading: a runaway model costs no more than this.
+                        finished = True
+                        content = content[:MAX_REPLY_CHARS]
+                        break
                     if not text:
                         continue
-                    content += text
                     if in_text_call:
                         continue
                     if OPEN in content:
@@ -92,22 +109,26 @@ class OpenAICompatModel:
                 "was finished."
             )
         tool_calls = [self._native_call(calls[i]) for i in sorted(calls)]
-        visible, text_calls = split_text_calls(content)
+        visible, text_calls = split_text_calls(content, quoted=quoted)
         if not tool_calls:
             tool_calls = text_calls
+        if truncated:
+            visible += TRUNCATED.format(limit=MAX_REPLY_CHARS)
         if len(visible) > shown:
             yield TextDelta(visible[shown:])
         yield TurnEnd(content=visible, tool_calls=tool_calls)
 
     @staticmethod
     def _native_call(slot: dict) -> ToolCall:
-        arguments, error = parse_arguments(slot["args"])
+        if len(slot["args"]) > MAX_REPLY_CHARS:
+            arguments, error = None, f"the arguments are longer than {MAX_REPLY_CHARS:,} characters"
+        else:
+            arguments, error = parse_arguments(strip_nul(slot["args"]))
         return ToolCall(
             id=slot["id"] or new_call_id(),
-            name=slot["name"],
-            arguments=arguments,
+            name=strip_nul(slot["name"]),
+            arguments=strip_nul_json(arguments) if arguments is not None else None,
             error=error,
-            raw_arguments=slot["args"],
         )
 
     def _describe(self, exc: Exception) -> str:

@@ -11,38 +11,53 @@ import json
 import re
 
 from chat.llm.base import ToolCall, new_call_id
+from studio.text import strip_nul_json
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
+_CODE_FENCE = re.compile(r"```.*?(?:```|\Z)", re.S)
 _FENCE = re.compile(r"^\s*```[a-zA-Z]*\s*|\s*```\s*$")
 _TRAILING_COMMA = re.compile(r",\s*([}\]])")
 
 
-def split_text_calls(content: str) -> tuple[str, list[ToolCall]]:
-    """The visible text before the first call, and the parsed calls."""
+def split_text_calls(content: str, *, quoted: list[str] = ()) -> tuple[str, list[ToolCall]]:
+    """The visible text before the first call, and the parsed calls.
+
+    Only the model's own words are calls. A block that stands in a fenced
+    code block, or that appears word for word in ``quoted`` (the tool
+    results and user messages the model was sent), is the model quoting
+    something back, so it stays text and runs nothing: a fetched page that
+    says ``<tool_call>`` must not turn into a call because the model repeats it.
+    """
     if OPEN not in content:
         return content, []
-    visible = content[: content.index(OPEN)]
-    calls = []
-    for block in _BLOCK.findall(content):
-        calls.append(_to_call(block))
-    return visible.rstrip(), calls
+    fences = [m.span() for m in _CODE_FENCE.finditer(content)]
+    calls: list[ToolCall] = []
+    first_call = None
+    for match in _BLOCK.finditer(content):
+        inside_fence = any(start <= match.start() < end for start, end in fences)
+        inner = match.group(1).strip()
+        if inside_fence or any(inner and inner in text for text in quoted if text):
+            continue
+        if first_call is None:
+            first_call = match.start()
+        calls.append(_to_call(match.group(1)))
+    if first_call is None:
+        return content, []
+    return content[:first_call].rstrip(), calls
 
 
 def _to_call(block: str) -> ToolCall:
     try:
         data = parse_json_lenient(block)
     except ValueError as exc:
-        return ToolCall(
-            id=new_call_id(), name="", arguments=None, error=str(exc), raw_arguments=block
-        )
+        return ToolCall(id=new_call_id(), name="", arguments=None, error=str(exc))
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return ToolCall(
             id=new_call_id(),
             name="",
             arguments=None,
             error='a tool call must be {"name": ..., "arguments": {...}}',
-            raw_arguments=block,
         )
     arguments = data.get("arguments", data.get("parameters", {}))
     if isinstance(arguments, str):
@@ -54,7 +69,7 @@ def _to_call(block: str) -> ToolCall:
         return ToolCall(
             id=new_call_id(), name=data["name"], arguments=None, error="arguments must be an object"
         )
-    return ToolCall(id=new_call_id(), name=data["name"], arguments=arguments)
+    return ToolCall(id=new_call_id(), name=data["name"], arguments=strip_nul_json(arguments))
 
 
 def parse_json_lenient(text: str) -> object:

@@ -109,6 +109,30 @@ def test_csv_export(staff_client, rows):
     assert by_tool["python"]["status"] == "allowed"
 
 
+def test_csv_export_escapes_every_cell_usernames_and_ids_included(staff_client):
+    mallory = make_user("=HYPERLINK(1)")
+    conversation = make_conversation(mallory, title="@SUM(1)")
+    row = make_approval(
+        conversation,
+        tool_name="+cmd",
+        run_id="-2+3",
+        status="denied",
+        reason="user",
+        decided_by=mallory,
+        decided_at=timezone.now(),
+        note="\tx",
+    )
+    response = staff_client.post(
+        reverse("admin:approvals_toolapproval_changelist"),
+        {"action": "export_csv", "_selected_action": [row.pk]},
+    )
+    (line,) = list(csv.DictReader(io.StringIO(response.content.decode())))
+    for field in ("requested_by", "decided_by", "conversation_title", "tool_name", "run_id"):
+        assert line[field].startswith("'"), (field, line[field])
+    for value in line.values():
+        assert not value or value[0] not in "=+-@\t\r", line
+
+
 def test_members_cannot_open_the_admin(alice):
     client = Client()
     client.force_login(alice)

@@ -147,3 +147,12 @@ def test_always_creates_a_grant(alice_client, approval, conversation):
     )
     assert response.json() == {"resolved": True, "status": "allowed", "reason": "always_allow"}
     assert conversation.grants.active().filter(tool_name="python").count() == 1
+
+
+@pytest.mark.parametrize("field", ["decision", "note"])
+def test_a_repeated_parameter_is_400_not_last_one_wins(alice_client, approval, field):
+    data = {"decision": "deny", "note": "n", field: ["deny", "allow"]}
+    response = alice_client.post(url(approval.approval_id), data, HTTP_ACCEPT="application/json")
+    assert response.status_code == 400
+    assert response.json() == {"error": f"{field} must be given once"}
+    assert ToolApproval.objects.get(pk=approval.pk).status == "pending"
