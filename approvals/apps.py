@@ -8,7 +8,9 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from approvals.inbox import register_handler
-        from approvals.services import wake_from_message
+        from approvals.services import approval_poll_waiters, wake_from_message
+        from studio.runtime import runtime
 
-        register_handler("approval.decided", wake_from_message)
+        inbox = runtime().inbox
+        inbox.register("approval.decided", wake_from_message)
+        inbox.poll = approval_poll_waiters

@@ -2,42 +2,95 @@
 
 A run that needs a decision *registers* a slot for its approval id, then
 announces the call (``tool_start``), then *waits* on the slot. The decision
-service wakes the slot after its transaction commits. Because the slot is an
-``Event`` that stays set, a decision that lands between registration and the
-blocking wait is not lost: the wait returns at once.
+service wakes the slot after its transaction commits. A slot stays woken, so
+a decision that lands between registration and the wait is not lost: the
+wait returns at once.
 
-The gate holds no decisions itself; the ``ToolApproval`` row is the truth and
-the waiter re-reads it after every wake-up (and on a poll interval, in case a
-cross-process wake message was lost).
+Waiting costs no thread. A parked run subscribes a callback (``on_wake``)
+that schedules its next step on the event loop; a blocking ``wait`` exists
+for callers that do own a thread (tests, helper processes).
+
+The gate holds no decisions itself; the ``ToolApproval`` row is the truth. A
+wake from this process's own decision carries the committed row so the run
+need not read it again; a wake from elsewhere (another process, the poller)
+carries nothing and the run re-reads the row.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
 
 
-@dataclass(eq=False)
 class Slot:
-    approval_id: str
-    run_id: str
-    event: threading.Event = field(default_factory=threading.Event)
-    waiting: bool = False
+    """One waiting tool call: woken once its row may have changed."""
 
-    def wake(self) -> None:
-        self.event.set()
+    def __init__(self, approval_id: str, run_id: str) -> None:
+        self.approval_id = approval_id
+        self.run_id = run_id
+        # The decided row, when the wake came from this process's decision.
+        self.outcome: Any = None
+        # True while a run is parked on it (the poller re-reads only these).
+        self.waiting = False
+        self._event = threading.Event()
+        self._callbacks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def wake(self, outcome: Any = None) -> None:
+        with self._lock:
+            if outcome is not None:
+                self.outcome = outcome
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def is_woken(self) -> bool:
+        return self._event.is_set()
+
+    def clear(self) -> None:
+        """Forget past wakes; the caller re-reads the row right after."""
+        with self._lock:
+            self._event.clear()
+            self.outcome = None
+
+    def on_wake(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` at the next wake (now, if already woken); returns an unsubscribe."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return lambda: self._unsubscribe(callback)
+        callback()
+        return lambda: None
+
+    def _unsubscribe(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
 
 
 class Gate:
-    """Slots of the runs waiting in this process, by approval id."""
+    """Slots of the runs waiting in this process, by approval id.
+
+    There is one per process (``approvals.services.GATE``); tests empty it
+    with ``clear()`` between cases.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._slots: dict[str, Slot] = {}
         self._by_run: dict[str, set[str]] = {}
-        # When the process's poller last re-read the waiting rows (monotonic).
+        # When the process's poller last looked (monotonic), the wall-clock
+        # mark its next quick look starts from, and its last full re-read.
         self.polled_at = float("-inf")
+        self.poll_mark: datetime | None = None
+        self.full_poll_at = float("-inf")
 
     def poller_alive(self, interval: float) -> bool:
         """True while a process-wide poller re-reads rows for the waiters."""
@@ -47,10 +100,14 @@ class Gate:
         with self._lock:
             return [a for a, slot in self._slots.items() if slot.waiting]
 
-    def register(self, approval_id: str, *, run_id: str = "") -> Slot:
+    def register(self, approval_id: str, *, run_id: str) -> Slot:
         if not approval_id:
             raise ValueError("approval_id must not be empty")
-        slot = Slot(approval_id=approval_id, run_id=run_id)
+        if not run_id:
+            # close_run(run_id) drops a run's slots: an empty id would pool
+            # every run-less slot together and one close would drop them all.
+            raise ValueError("run_id must not be empty")
+        slot = Slot(approval_id, run_id)
         with self._lock:
             if approval_id in self._slots:
                 raise ValueError(f"a waiter is already registered for {approval_id!r}")
@@ -58,7 +115,7 @@ class Gate:
             self._by_run.setdefault(run_id, set()).add(approval_id)
         return slot
 
-    def wake(self, approval_id: str) -> bool:
+    def wake(self, approval_id: str, outcome: Any = None) -> bool:
         """Wake the waiter of ``approval_id`` if it lives here; False otherwise."""
         if not approval_id:
             return False
@@ -66,7 +123,7 @@ class Gate:
             slot = self._slots.get(approval_id)
         if slot is None:
             return False
-        slot.wake()
+        slot.wake(outcome)
         return True
 
     def discard(self, slot: Slot) -> None:
@@ -101,6 +158,8 @@ class Gate:
             self._slots.clear()
             self._by_run.clear()
             self.polled_at = float("-inf")
+            self.poll_mark = None
+            self.full_poll_at = float("-inf")
         for slot in slots:
             slot.wake()
 
@@ -111,7 +170,3 @@ class Gate:
     def __len__(self) -> int:
         with self._lock:
             return len(self._slots)
-
-
-# The process's gate. Tests may build their own Gate for isolation.
-GATE = Gate()

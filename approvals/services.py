@@ -7,9 +7,15 @@ The gate semantics (see DESIGN.md) live here:
 * ``approval_decide`` records the first decision with one conditional update
   and wakes the waiter after commit, in this process or through the channel
   layer in another;
-* ``approval_wait`` blocks a run's worker thread until a decision, a timeout
-  or a cancel, re-reading the row on every wake and every poll interval;
-* timeout, cancel and expiry are recorded as ``denied`` with their own reason.
+* ``approval_check`` is one look at a waiting call's row for a run that is
+  parked (holding no thread); ``approval_wait`` blocks a thread until the end
+  for callers that own one;
+* ``approvals_end`` is the one way a pending approval ends without a user's
+  decision (timeout, cancelled, expired): recorded as ``denied`` with its own
+  reason, its card re-rendered in every tab.
+
+There is one gate per process (``runtime().gate``); no service takes it as
+an argument, and tests empty it between cases.
 """
 
 from __future__ import annotations
@@ -17,17 +23,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from approvals.gate import GATE, Gate, Slot
-from approvals.inbox import current_inbox
+from approvals.gate import Slot
 from approvals.models import ToolApproval, ToolGrant, arguments_hash
-from approvals.notify import group_send, layer_send
 from studio.cancel import CancelToken
+from studio.runtime import runtime
 from studio.text import strip_nul
 
 logger = logging.getLogger(__name__)
@@ -43,8 +49,12 @@ DECISIONS: dict[str, tuple[str, str, bool]] = {
 }
 
 REJECTION_TEXT = "The user declined to run this tool call."
-# With a process poller running, a waiter still re-checks on its own this often.
-SELF_CHECK_SECONDS = 300.0
+# The poller re-reads every waiting row this often besides its quick look
+# at what was decided lately (which a skewed clock could in theory miss).
+FULL_POLL_SECONDS = 60.0
+# The quick look reaches this far before the previous poll (clock skew
+# between processes, commits that took a moment).
+POLL_OVERLAP = timedelta(seconds=5)
 
 
 class ApprovalNotFound(Exception):
@@ -71,7 +81,7 @@ def approval_get_for_user(*, approval_id: str, user) -> ToolApproval:
     if user is None or not user.is_authenticated:
         raise ApprovalNotFound(approval_id)
     try:
-        return ToolApproval.objects.select_related("conversation", "decided_by").get(
+        return ToolApproval.objects.select_related("conversation").get(
             approval_id=approval_id, conversation__owner=user
         )
     except ToolApproval.DoesNotExist:
@@ -88,7 +98,10 @@ def approval_auto_reason(*, conversation, tool_name: str) -> str | None:
 
 
 def card_render(approval: ToolApproval) -> str:
-    return render_to_string("approvals/_card.html", {"approval": approval})
+    return render_to_string(
+        "approvals/_card.html",
+        {"approval": approval, "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH},
+    )
 
 
 # --- requesting --------------------------------------------------------------
@@ -99,16 +112,16 @@ def approval_request(
     conversation,
     tool_name: str,
     arguments: dict,
+    run_id: str,
     requested_by=None,
-    run_id: str = "",
     tool_call_id: str = "",
-    gate: Gate = GATE,
 ) -> tuple[ToolApproval, Slot]:
     """Create the pending row and register its waiter, in that order.
 
     Only after this returns may the caller announce the call (``tool_start``):
     the slot already exists, so even an instant decision finds it.
     """
+    rt = runtime()
     approval = ToolApproval.objects.create(
         conversation=conversation,
         tool_name=tool_name,
@@ -117,9 +130,9 @@ def approval_request(
         requested_by=requested_by,
         run_id=run_id,
         tool_call_id=tool_call_id,
-        waiter_inbox=current_inbox(),
+        waiter_inbox=rt.inbox.name,
     )
-    slot = gate.register(approval.approval_id, run_id=run_id)
+    slot = rt.gate.register(approval.approval_id, run_id=run_id)
     return approval, slot
 
 
@@ -129,12 +142,11 @@ def approval_record_auto(
     tool_name: str,
     arguments: dict,
     reason: str,
+    run_id: str,
     requested_by=None,
-    decided_by=None,
-    run_id: str = "",
     tool_call_id: str = "",
 ) -> ToolApproval:
-    """Record a call allowed without a prompt (grant or policy): still audited."""
+    """Record a call allowed without a prompt (grant, policy, switch off): still audited."""
     now = timezone.now()
     return ToolApproval.objects.create(
         conversation=conversation,
@@ -146,7 +158,6 @@ def approval_record_auto(
         tool_call_id=tool_call_id,
         status=Status.ALLOWED,
         reason=reason,
-        decided_by=decided_by,
         requested_at=now,
         decided_at=now,
     )
@@ -185,24 +196,28 @@ def approval_decide(*, approval_id: str, user, decision: str, note: str = "") ->
     approval.status, approval.reason, approval.decided_by = status, reason, user
     approval.decided_at, approval.note = now, note
     html = card_render(approval)
-    # We are outside the atomic block, so the update is committed (or we are
-    # inside a caller's transaction and on_commit defers until it commits).
+    # Outside the atomic block the update is committed (inside a caller's
+    # transaction, on_commit waits for it).
     transaction.on_commit(lambda: _after_decision(approval, html))
     return DecideResult(resolved=True, approval=approval, card_html=html)
 
 
 def _after_decision(approval: ToolApproval, html: str) -> None:
     """Wake the waiter (here or in its own process), then re-render every tab."""
-    if not GATE.wake(approval.approval_id):
+    rt = runtime()
+    # Here: hand the run the committed row, so it need not read it again.
+    if not rt.gate.wake(approval.approval_id, outcome=approval):
         inbox = approval.waiter_inbox
-        if inbox and inbox != current_inbox():
-            layer_send(inbox, {"type": "approval.decided", "approval_id": approval.approval_id})
+        if inbox and inbox != rt.inbox.name:
+            rt.outbox.channel(
+                inbox, {"type": "approval.decided", "approval_id": approval.approval_id}
+            )
     _card_broadcast(approval, html)
 
 
 def _card_broadcast(approval: ToolApproval, html: str) -> None:
-    group_send(
-        f"conversation.{approval.conversation_id}",
+    runtime().outbox.group(
+        approval.conversation.group_name,
         {
             "type": "approval.changed",
             "approval_id": approval.approval_id,
@@ -213,39 +228,86 @@ def _card_broadcast(approval: ToolApproval, html: str) -> None:
     )
 
 
-def approval_finish(*, approval_id: str, reason: str) -> ToolApproval | None:
-    """End a pending wait without a user's decision (timeout, cancelled, expired).
+def approvals_end(*, pending, reason: str) -> list[ToolApproval]:
+    """End pending approvals without a user's decision (timeout, cancelled, expired).
 
-    Recorded as ``denied`` with its own reason. If a decision won the race the
-    row keeps it. Returns the current row, or None if it no longer exists.
+    ``pending``: a queryset of approvals. Each still-pending one is recorded
+    as ``denied`` with ``reason`` in one conditional update (a decision that
+    won the race keeps its row), its local waiter is woken, and its card is
+    re-rendered in every open tab after commit. Returns the rows it ended.
     """
+    ids = list(pending.filter(status=Status.PENDING).values_list("pk", flat=True))
+    if not ids:
+        return []
     now = timezone.now()
-    updated = ToolApproval.objects.filter(approval_id=approval_id, status=Status.PENDING).update(
+    ToolApproval.objects.filter(pk__in=ids, status=Status.PENDING).update(
         status=Status.DENIED, reason=reason, decided_at=now
     )
-    approval = ToolApproval.objects.filter(approval_id=approval_id).first()
-    if updated and approval is not None:
-        html = card_render(approval)
-        transaction.on_commit(lambda: _card_broadcast(approval, html))
-    return approval
+    # The ones this update ended carry its exact mark.
+    ended = list(
+        ToolApproval.objects.filter(pk__in=ids, reason=reason, decided_at=now).select_related(
+            "conversation"
+        )
+    )
+    cards = [(approval, card_render(approval)) for approval in ended]
+
+    def after_commit() -> None:
+        gate = runtime().gate
+        for approval, html in cards:
+            gate.wake(approval.approval_id, outcome=approval)
+            _card_broadcast(approval, html)
+
+    transaction.on_commit(after_commit)
+    return ended
 
 
-def approval_cancel_run(*, run_id: str, gate: Gate = GATE) -> int:
+def approval_cancel_run(*, run_id: str) -> int:
     """Close a run's gate: drop its slots and cancel its still-pending rows."""
-    gate.close_run(run_id)
-    if not run_id:
-        return 0
-    cancelled = 0
-    for approval_id in (
-        ToolApproval.objects.pending().filter(run_id=run_id).values_list("approval_id", flat=True)
-    ):
-        approval = approval_finish(approval_id=approval_id, reason=Reason.CANCELLED)
-        if approval is not None and approval.reason == Reason.CANCELLED:
-            cancelled += 1
-    return cancelled
+    runtime().gate.close_run(run_id)
+    ended = approvals_end(
+        pending=ToolApproval.objects.filter(run_id=run_id), reason=Reason.CANCELLED
+    )
+    return len(ended)
+
+
+def approvals_expire_stale(*, before: datetime, dry_run: bool = False) -> int:
+    """Expire pending rows requested before ``before``: no waiter can still be alive."""
+    stale = ToolApproval.objects.stale(before=before)
+    if dry_run:
+        return stale.count()
+    return len(approvals_end(pending=stale, reason=Reason.EXPIRED))
 
 
 # --- waiting ------------------------------------------------------------------
+
+
+def approval_check(*, slot: Slot, cancel: CancelToken, deadline: float) -> ToolApproval | None:
+    """One look at a waiting call: its decided row, or None while it is pending.
+
+    Ends the wait itself when Stop was pressed (cancelled) or the deadline
+    (``time.monotonic()``) passed (timeout). Raises ``ApprovalNotFound`` when
+    the row was deleted. The caller parks on ``slot`` between looks and
+    discards it at the end.
+    """
+    outcome = slot.outcome
+    # Clear before reading: a wake after this is for a change not read yet.
+    slot.clear()
+    if outcome is not None:
+        return outcome  # the committed row, from a decision in this process
+    approval = ToolApproval.objects.filter(approval_id=slot.approval_id).first()
+    if approval is None:
+        raise ApprovalNotFound(slot.approval_id)
+    if not approval.is_pending:
+        return approval
+    if cancel.is_set():
+        reason = Reason.CANCELLED
+    elif time.monotonic() >= deadline:
+        reason = Reason.TIMEOUT
+    else:
+        return None
+    approvals_end(pending=ToolApproval.objects.filter(pk=approval.pk), reason=reason)
+    # Ours, or the decision that won the race against it.
+    return ToolApproval.objects.get(pk=approval.pk)
 
 
 def approval_wait(
@@ -254,75 +316,87 @@ def approval_wait(
     cancel: CancelToken | None = None,
     timeout: float | None = None,
     poll: float | None = None,
-    gate: Gate = GATE,
 ) -> ToolApproval | None:
-    """Block until the row is decided, the wait times out or ``cancel`` fires.
+    """Block this thread until the row is decided, the wait times out or ``cancel`` fires.
 
-    Never call inside ``transaction.atomic()``: the decision must be able to
-    commit while we wait. Always removes the slot, whatever happens.
-    Returns the decided row (None if the row was deleted meanwhile).
+    For callers that own a thread (runs park instead). Never call inside
+    ``transaction.atomic()``. Always removes the slot. Returns the decided
+    row, or None if it was deleted meanwhile.
     """
+    from studio.runtime import release_connection
+
     timeout = settings.STUDIO_APPROVAL_TIMEOUT if timeout is None else timeout
     poll = settings.STUDIO_APPROVAL_POLL_SECONDS if poll is None else poll
+    cancel = cancel or CancelToken()
     deadline = time.monotonic() + timeout
-    unsubscribe = cancel.subscribe(slot.wake) if cancel is not None else (lambda: None)
+    unsubscribe = cancel.subscribe(slot.wake)
     slot.waiting = True
     try:
         while True:
-            # Clear before reading: a wake that happens after the clear is
-            # seen by wait(); one before it was for a commit we now read.
-            slot.event.clear()
-            approval = ToolApproval.objects.filter(approval_id=slot.approval_id).first()
-            if approval is None:
+            try:
+                outcome = approval_check(slot=slot, cancel=cancel, deadline=deadline)
+            except ApprovalNotFound:
                 return None
-            if not approval.is_pending:
-                return approval
-            if cancel is not None and cancel.is_set():
-                return approval_finish(approval_id=slot.approval_id, reason=Reason.CANCELLED)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return approval_finish(approval_id=slot.approval_id, reason=Reason.TIMEOUT)
-            if gate.poller_alive(poll):
-                # The process's poller re-reads every waiting row in one query
-                # per interval and wakes us; we only check that it still runs.
-                wait_for = min(remaining, max(poll, SELF_CHECK_SECONDS))
-            else:
-                wait_for = min(remaining, poll)
-            # A parked run must not hold a database connection for an hour
-            # (a thousand of them would exhaust PostgreSQL's max_connections).
-            if not connection.in_atomic_block:
-                connection.close()
-            slot.event.wait(wait_for)
+            if outcome is not None:
+                return outcome
+            release_connection()
+            slot.wait(min(max(0.0, deadline - time.monotonic()), poll_wait(poll)))
     finally:
         unsubscribe()
-        gate.discard(slot)
+        runtime().gate.discard(slot)
 
 
-def approval_poll_waiters(*, gate: Gate = GATE) -> int:
-    """Re-read every waiting row of this process at once; wake the decided ones.
+def poll_wait(poll: float) -> float:
+    """How long a waiter sleeps between its own looks at its row.
 
-    One query per 500 waiters per poll interval, instead of one per waiter:
-    this is what covers a lost channel message for a thousand parked runs.
+    While the process poller runs it wakes whoever was decided, so a waiter
+    only checks the poller is alive; without it, the waiter polls itself.
     """
-    ids = gate.waiting_ids()
+    if runtime().gate.poller_alive(poll):
+        return max(poll, FULL_POLL_SECONDS)
+    return poll
+
+
+def approval_poll_waiters() -> int:
+    """Wake this process's waiters whose rows were decided behind their back.
+
+    Covers a lost wake message. Each interval it asks only for what was
+    decided lately (one small query, whatever the number of waiters); every
+    ``FULL_POLL_SECONDS`` it re-reads all waiting rows, 500 per query.
+    """
+    gate = runtime().gate
+    started, now = time.monotonic(), timezone.now()
+    waiting = gate.waiting_ids()
     woken = 0
-    for start in range(0, len(ids), 500):
-        chunk = ids[start : start + 500]
-        pending = set(
-            ToolApproval.objects.pending()
-            .filter(approval_id__in=chunk)
-            .values_list("approval_id", flat=True)
-        )
-        for approval_id in chunk:
-            if approval_id not in pending and gate.wake(approval_id):
+    if waiting:
+        if started - gate.full_poll_at >= FULL_POLL_SECONDS or gate.poll_mark is None:
+            decided = set()
+            for start in range(0, len(waiting), 500):
+                chunk = waiting[start : start + 500]
+                still = set(
+                    ToolApproval.objects.pending()
+                    .filter(approval_id__in=chunk)
+                    .values_list("approval_id", flat=True)
+                )
+                decided.update(a for a in chunk if a not in still)
+            gate.full_poll_at = started
+        else:
+            decided = set(
+                ToolApproval.objects.decided()
+                .filter(decided_at__gte=gate.poll_mark - POLL_OVERLAP)
+                .values_list("approval_id", flat=True)
+            )
+        for approval_id in waiting:
+            if approval_id in decided and gate.wake(approval_id):
                 woken += 1
-    gate.polled_at = time.monotonic()
+    gate.poll_mark = now
+    gate.polled_at = started
     return woken
 
 
 def wake_from_message(message: dict) -> None:
     """Inbox handler for ``approval.decided`` sent by another process."""
-    GATE.wake(str(message.get("approval_id", "")))
+    runtime().gate.wake(str(message.get("approval_id", "")))
 
 
 # --- grants ---------------------------------------------------------------------

@@ -1,63 +1,54 @@
 """The agent loop: model turns, tool calls, every gated call through the gate.
 
-``Agent.events()`` is a synchronous generator run in a worker thread. It
-yields ``Event``s (status, content, tool_start, tool_end, done, error) and
-writes the transcript to Message rows as it goes. For each tool call, in
-this order:
+``Agent.events()`` is a plain synchronous generator. The engine steps it on
+a worker thread; it yields the run's events (``chat.events``) and writes the
+transcript to Message rows as it goes. For each tool call, in this order:
 
 1. not enabled for this request (or unknown)  -> error result, no prompt, no row;
 2. the exact call already ran without error    -> "already made" nudge, no prompt;
 3. confirmation off, a grant, or admin policy  -> runs without prompt (row recorded);
 4. otherwise: the approval row is created and the waiter registered *before*
-   ``tool_start`` is yielded; then the run waits for the decision.
+   ``ToolStarted`` is yielded; then the run yields ``Park`` until a decision,
+   and the engine gives the thread back meanwhile.
 
-Closing the generator early (client gone, Stop) cancels the run's pending
+Closing the generator early (Stop, server shutdown) cancels the run's pending
 rows and removes any slot it announced.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.conf import settings
 
-from approvals.gate import GATE, Gate
+from approvals.gate import Slot
 from approvals.models import ToolApproval, arguments_hash
 from approvals.services import (
     REJECTION_TEXT,
+    ApprovalNotFound,
     approval_auto_reason,
     approval_cancel_run,
+    approval_check,
     approval_record_auto,
     approval_request,
-    approval_wait,
 )
+from chat import events
 from chat.llm.base import ChatModel, LLMError, TextDelta, ToolCall, TurnEnd, new_call_id
 from chat.models import Conversation, Message, Run
 from chat.tools import REGISTRY
-from chat.transcript import transcript_build
+from chat.tools.base import ToolResult
+from chat.transcript import tool_message, transcript_build, turn_message
 from studio.cancel import CancelToken
+from studio.runtime import runtime
 from studio.text import strip_nul, strip_nul_json
 
 logger = logging.getLogger(__name__)
 
 Reason = ToolApproval.Reason
-
-
-@dataclass
-class Event:
-    kind: str  # status | content | tool_start | tool_end | done | error
-    data: dict = field(default_factory=dict)
-
-
-def not_enabled_text(name: str, enabled: list[str]) -> str:
-    listed = ", ".join(enabled) if enabled else "none"
-    return (
-        f"Error: tool '{name}' is not enabled for this request. "
-        f"Enabled tools: {listed}. Answer without it or ask the user to enable it."
-    )
-
 
 DUPLICATE_TEXT = (
     "You already made this exact call in this run and it succeeded; its result is "
@@ -65,6 +56,37 @@ DUPLICATE_TEXT = (
     "something different."
 )
 CANCELLED_TEXT = "The run was stopped before this call was decided; it did not run."
+TIMEOUT_TEXT = "nobody decided on this call in time, so it did not run."
+CHANGED_TEXT = "the approved arguments changed after the request; the call did not run."
+LIMIT_TEXT = "the tool-call limit for this run was reached."
+
+
+def not_enabled_text(name: str, enabled: list[str]) -> str:
+    listed = ", ".join(enabled) if enabled else "none"
+    return (
+        f"tool '{name}' is not enabled for this request. "
+        f"Enabled tools: {listed}. Answer without it or ask the user to enable it."
+    )
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """The knobs of a run; from Django's settings, or a test's own."""
+
+    max_iterations: int
+    tool_timeout: float
+    approval_timeout: float
+    poll: float
+
+    @classmethod
+    def from_django(cls, **overrides) -> AgentSettings:
+        values = {
+            "max_iterations": settings.STUDIO_MAX_TOOL_ITERATIONS,
+            "tool_timeout": settings.STUDIO_TOOL_TIMEOUT,
+            "approval_timeout": settings.STUDIO_APPROVAL_TIMEOUT,
+            "poll": settings.STUDIO_APPROVAL_POLL_SECONDS,
+        }
+        return cls(**{**values, **overrides})
 
 
 class Agent:
@@ -74,251 +96,273 @@ class Agent:
         conversation: Conversation,
         model: ChatModel,
         cancel: CancelToken,
+        run: Run,
         user=None,
-        run: Run | None = None,
         enabled_tools: list[str] | None = None,
-        max_iterations: int | None = None,
-        tool_timeout: float | None = None,
-        approval_timeout: float | None = None,
-        poll: float | None = None,
-        gate: Gate = GATE,
+        knobs: AgentSettings | None = None,
     ) -> None:
         self.conversation = conversation
         self.model = model
         self.cancel = cancel
         self.user = user
         self.run = run
-        self.run_id = str(run.pk) if run is not None else ""
+        self.run_id = str(run.pk)
         enabled = conversation.enabled_tools if enabled_tools is None else enabled_tools
         self.enabled = [name for name in enabled if name in REGISTRY]
-        self.max_iterations = max_iterations or settings.STUDIO_MAX_TOOL_ITERATIONS
-        self.tool_timeout = tool_timeout or settings.STUDIO_TOOL_TIMEOUT
-        self.approval_timeout = approval_timeout
-        self.poll = poll
-        self.gate = gate
+        self.knobs = knobs or AgentSettings.from_django()
         self.workspace = settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}"
         # (tool, argument hash) of calls that ran without error in this run.
         self.succeeded: set[tuple[str, str]] = set()
         self.call_ids: set[str] = set()
-        self.turn_message: Message | None = None
-
-    def _unique_ids(self, calls: list[ToolCall]) -> list[ToolCall]:
-        # Some servers number calls per turn ("call_0"); results are matched
-        # by id, so an id must not repeat within a run.
-        for call in calls:
-            if not call.id or call.id in self.call_ids:
-                call.id = new_call_id()
-            self.call_ids.add(call.id)
-        return calls
+        self.turn: Message | None = None
+        # What the model is sent: built from the rows once, then kept up to date.
+        self.transcript: list[dict] = []
 
     # -- the loop -----------------------------------------------------------------
 
-    def events(self) -> Iterator[Event]:
+    def events(self) -> Iterator[events.Event]:
         try:
             yield from self._loop()
         finally:
-            # Runs on normal end, on error and on generator close (Stop, client
-            # gone): no slot of this run may outlive it, no row stay pending.
-            approval_cancel_run(run_id=self.run_id, gate=self.gate)
+            # Runs on normal end, on error and on generator close (Stop, server
+            # going away): no slot of this run may outlive it, no row stay pending.
+            approval_cancel_run(run_id=self.run_id)
 
-    def _loop(self) -> Iterator[Event]:
+    def _loop(self) -> Iterator[events.Event]:
         schemas = [REGISTRY[name].schema() for name in self.enabled]
-        iteration = 0
-        while True:
+        self.transcript = transcript_build(self.conversation, enabled_tools=self.enabled)
+        for iteration in itertools.count():
             if self.cancel.is_set():
-                yield Event("done", {"cancelled": True})
+                yield events.Done(cancelled=True)
                 return
-            yield Event("status", {"text": "Thinking…"})
-            messages = transcript_build(self.conversation, enabled_tools=self.enabled)
-            turn: TurnEnd | None = None
-            streamed = []
-            try:
-                for chunk in self.model.stream(messages, schemas, cancel=self.cancel):
-                    if isinstance(chunk, TextDelta):
-                        streamed.append(chunk.text)
-                        yield Event("content", {"text": chunk.text})
-                    elif isinstance(chunk, TurnEnd):
-                        turn = chunk
-            except LLMError as exc:
-                self._save_partial("".join(streamed))
-                yield from self._error(str(exc))
+            yield events.Status("Thinking…")
+            turn = yield from self._model_turn(schemas)
+            if turn is None:
                 return
-            if turn is None:  # cancelled mid-stream
-                self._save_partial("".join(streamed))
-                yield Event("done", {"cancelled": self.cancel.is_set()})
-                return
-
-            calls = self._unique_ids(turn.tool_calls)
-            for c in calls:
-                # Whatever the model client: no NUL reaches a row (PostgreSQL refuses it).
-                c.name = strip_nul(c.name or "")
-                c.arguments = strip_nul_json(c.arguments) if c.arguments is not None else None
-            self.turn_message = Message.objects.create(
-                conversation=self.conversation,
-                run=self.run,
-                role=Message.Role.ASSISTANT,
-                content=strip_nul(turn.content),
-                tool_calls=[
-                    {"id": c.id, "name": c.name, "arguments": c.arguments or {}} for c in calls
-                ],
+            calls = self._save_turn(turn)
+            yield events.TurnSaved(
+                message_id=self.turn.pk,
+                content=self.turn.content,
+                created_at=self.turn.created_at,
+                calls=tuple(events.CallView(c.id, c.name, c.arguments or {}) for c in calls),
             )
-            yield Event("message_end", {"content": turn.content, "message": self.turn_message})
             if not calls:
-                yield Event("done", {"cancelled": False})
+                yield events.Done()
                 return
-            if iteration >= self.max_iterations:
+            if iteration >= self.knobs.max_iterations:
                 for call in calls:
-                    self._save_result(call, "Error: the tool-call limit for this run was reached.")
-                yield from self._error(
-                    f"Stopped: this run reached its limit of {self.max_iterations} rounds of "
-                    "tool calls (STUDIO_MAX_TOOL_ITERATIONS)."
+                    self._save_result(call, ToolResult.error(LIMIT_TEXT))
+                yield from self._fail(
+                    f"Stopped: this run reached its limit of {self.knobs.max_iterations} rounds "
+                    "of tool calls (STUDIO_MAX_TOOL_ITERATIONS)."
                 )
                 return
-            iteration += 1
             for call in calls:
-                stopped = yield from self._handle(call)
-                if stopped:
-                    yield Event("done", {"cancelled": True})
+                stop = yield from self._handle(call)
+                if stop:
+                    yield events.Done(cancelled=True)
                     return
 
-    def _handle(self, call: ToolCall) -> Iterator[Event]:
-        """Process one call; returns True if the run must stop (cancelled)."""
-        name, arguments = call.name, call.arguments
-        tool = REGISTRY.get(name)
-        if tool is None or name not in self.enabled:
-            yield from self._finish(call, not_enabled_text(name or "?", self.enabled))
-            return False
-        if arguments is None:
-            text = f"Error: the arguments of this {name} call are not valid JSON: {call.error}"
-            yield from self._finish(call, text)
-            return False
-        problem = tool.validate(arguments)
-        if problem:
-            yield from self._finish(call, f"Error: {problem}.")
-            return False
-        key = (name, arguments_hash(arguments))
-        if key in self.succeeded:
-            yield from self._finish(call, DUPLICATE_TEXT)
-            return False
+    def _model_turn(self, schemas: list[dict]) -> Iterator[events.Event]:
+        """Stream one reply; returns its ``TurnEnd``, or None when the run ended."""
+        streamed: list[str] = []
+        try:
+            # A copy: the model may keep what it was sent; we keep appending.
+            for chunk in self.model.stream(list(self.transcript), schemas, cancel=self.cancel):
+                if isinstance(chunk, TextDelta):
+                    text = strip_nul(chunk.text)
+                    streamed.append(text)
+                    yield events.Delta(text)
+                elif isinstance(chunk, TurnEnd):
+                    return chunk
+        except LLMError as exc:
+            self._save_partial("".join(streamed))
+            yield from self._fail(str(exc))
+            return None
+        # The stream ended without a turn: it was cancelled.
+        self._save_partial("".join(streamed))
+        yield events.Done(cancelled=self.cancel.is_set())
+        return None
 
-        auto_reason = None
-        if not self.conversation.confirm_tool_calls:
-            auto_reason = Reason.POLICY
-        else:
-            auto_reason = approval_auto_reason(conversation=self.conversation, tool_name=name)
-        if auto_reason is not None:
+    # -- one tool call ------------------------------------------------------------------
+
+    def _handle(self, call: ToolCall) -> Iterator[events.Event]:
+        """Process one call; returns True when the run must stop."""
+        refusal = self._refusal(call)
+        if refusal is not None:
+            yield self._finish(call, refusal)
+            return False
+        reason = self._auto_reason(call.name)
+        if reason is not None:
             approval = approval_record_auto(
                 conversation=self.conversation,
-                tool_name=name,
-                arguments=arguments,
-                reason=auto_reason,
+                tool_name=call.name,
+                arguments=call.arguments,
+                reason=reason,
                 requested_by=self.user,
                 run_id=self.run_id,
                 tool_call_id=call.id,
             )
-            yield self._tool_start(call, approval, awaiting=False)
-            yield from self._execute(call, approval)
+            yield self._started(call, approval, awaiting=False)
+            yield from self._execute(call, approval, cancel=self.cancel)
             return False
-
         # Row and slot first, then the announcement: a decision can never
         # arrive before its waiter exists.
         approval, slot = approval_request(
             conversation=self.conversation,
-            tool_name=name,
-            arguments=arguments,
+            tool_name=call.name,
+            arguments=call.arguments,
             requested_by=self.user,
             run_id=self.run_id,
             tool_call_id=call.id,
-            gate=self.gate,
         )
-        yield self._tool_start(call, approval, awaiting=True)
-        outcome = approval_wait(
-            slot=slot,
-            cancel=self.cancel,
-            timeout=self.approval_timeout,
-            poll=self.poll,
-            gate=self.gate,
-        )
-        if outcome is None or self.cancel.is_set() or outcome.reason == Reason.CANCELLED:
-            yield from self._finish(call, CANCELLED_TEXT, approval=outcome or approval)
+        yield self._started(call, approval, awaiting=True)
+        outcome = yield from self._await_decision(slot)
+        return (yield from self._follow(call, approval, outcome))
+
+    def _refusal(self, call: ToolCall) -> ToolResult | None:
+        """Why ``call`` is answered without running or asking, or None."""
+        tool = REGISTRY.get(call.name)
+        if tool is None or call.name not in self.enabled:
+            return ToolResult.error(not_enabled_text(call.name or "?", self.enabled))
+        if call.arguments is None:
+            return ToolResult.error(
+                f"the arguments of this {call.name} call are not valid JSON: {call.error}"
+            )
+        problem = tool.validate(call.arguments)
+        if problem:
+            return ToolResult.error(f"{problem}.")
+        if (call.name, arguments_hash(call.arguments)) in self.succeeded:
+            return ToolResult(DUPLICATE_TEXT, ok=False)
+        return None
+
+    def _auto_reason(self, tool_name: str) -> str | None:
+        if not self.conversation.confirm_tool_calls:
+            return Reason.POLICY
+        return approval_auto_reason(conversation=self.conversation, tool_name=tool_name)
+
+    def _await_decision(self, slot: Slot) -> Iterator[events.Event]:
+        """Park until the row is decided (or ends by Stop or timeout); returns it."""
+        deadline = time.monotonic() + self.knobs.approval_timeout
+        try:
+            while True:
+                try:
+                    outcome = approval_check(slot=slot, cancel=self.cancel, deadline=deadline)
+                except ApprovalNotFound:
+                    return None  # deleted meanwhile: treated as cancelled
+                if outcome is not None:
+                    return outcome
+                yield events.Park(slot=slot, deadline=deadline)
+        finally:
+            runtime().gate.discard(slot)
+
+    def _follow(
+        self, call: ToolCall, approval: ToolApproval, outcome: ToolApproval | None
+    ) -> Iterator[events.Event]:
+        """Act on a decided call; returns True when the run must stop."""
+        if outcome is None or outcome.reason == Reason.CANCELLED:
+            yield self._finish(call, ToolResult(CANCELLED_TEXT, ok=False), outcome or approval)
             return True
         if outcome.is_allowed:
-            yield from self._execute(call, outcome)
-        elif outcome.reason in (Reason.TIMEOUT, Reason.EXPIRED):
-            text = "Error: nobody decided on this call in time, so it did not run."
-            yield from self._finish(call, text, approval=outcome)
-        else:
-            text = REJECTION_TEXT
-            if outcome.note:
-                text += f" The user said: {outcome.note}"
-            yield from self._finish(call, text, approval=outcome)
+            # Allowed first, Stopped after (before the call began): the first
+            # decision wins, so the call runs in full, and the run stops after.
+            stopped = self.cancel.is_set()
+            yield from self._execute(
+                call, outcome, cancel=CancelToken() if stopped else self.cancel
+            )
+            return stopped
+        if outcome.reason in (Reason.TIMEOUT, Reason.EXPIRED):
+            yield self._finish(call, ToolResult.error(TIMEOUT_TEXT), outcome)
+            return False
+        text = REJECTION_TEXT + (f" The user said: {outcome.note}" if outcome.note else "")
+        yield self._finish(call, ToolResult(text, ok=False), outcome)
         return False
 
-    # -- helpers ---------------------------------------------------------------------
-
-    def _tool_start(self, call: ToolCall, approval: ToolApproval, *, awaiting: bool) -> Event:
-        return Event(
-            "tool_start",
-            {
-                "tool": call.name,
-                "arguments": approval.arguments,
-                "tool_call_id": call.id,
-                "approval_id": approval.approval_id,
-                "awaiting_confirmation": awaiting,
-                "approval": approval,
-                "message_id": self.turn_message.pk if self.turn_message else None,
-                "name": call.name,
-            },
-        )
-
-    def _execute(self, call: ToolCall, approval: ToolApproval) -> Iterator[Event]:
+    def _execute(
+        self, call: ToolCall, approval: ToolApproval, *, cancel: CancelToken
+    ) -> Iterator[events.Event]:
         # Run exactly what was approved: the row's arguments, checked against
         # the hash taken when the call was requested.
         if not approval.arguments_intact():
-            text = "Error: the approved arguments changed after the request; the call did not run."
-            yield from self._finish(call, text, approval=approval)
+            yield self._finish(call, ToolResult.error(CHANGED_TEXT), approval)
             return
-        yield Event(
-            "status", {"text": f"Running {call.name}…", "approval_id": approval.approval_id}
-        )
-        tool = REGISTRY[call.name]
-        result = tool.execute(
+        yield events.Status(f"Running {call.name}…")
+        result = REGISTRY[call.name].execute(
             approval.arguments,
-            cancel=self.cancel,
-            timeout=self.tool_timeout,
+            cancel=cancel,
+            timeout=self.knobs.tool_timeout,
             workspace=self.workspace,
         )
-        if not result.startswith("Error"):
+        if result.ok:
             self.succeeded.add((call.name, approval.arguments_sha256))
-        yield from self._finish(call, result, approval=approval)
+        yield self._finish(call, result, approval)
 
-    def _finish(self, call: ToolCall, result: str, *, approval: ToolApproval | None = None):
-        message = self._save_result(call, result, approval=approval)
-        yield Event(
-            "tool_end",
-            {
-                "tool": call.name,
-                "tool_call_id": call.id,
-                "result": result,
-                "approval_id": approval.approval_id if approval else "",
-                "approval": approval,
-                "message": message,
-                "message_id": self.turn_message.pk if self.turn_message else None,
-                "arguments": call.arguments or {},
-            },
+    # -- rows and events ------------------------------------------------------------------
+
+    def _save_turn(self, turn: TurnEnd) -> list[ToolCall]:
+        calls = turn.tool_calls
+        for call in calls:
+            # Whatever the model client: no NUL reaches a row (PostgreSQL refuses it).
+            call.name = strip_nul(call.name or "")
+            if call.arguments is not None:
+                call.arguments = strip_nul_json(call.arguments)
+            # Some servers number calls per turn ("call_0"); results are
+            # matched by id, so an id must not repeat within a run.
+            if not call.id or call.id in self.call_ids:
+                call.id = new_call_id()
+            self.call_ids.add(call.id)
+        self.turn = Message.objects.create(
+            conversation=self.conversation,
+            run=self.run,
+            role=Message.Role.ASSISTANT,
+            content=strip_nul(turn.content),
+            tool_calls=[
+                {"id": c.id, "name": c.name, "arguments": c.arguments or {}} for c in calls
+            ],
+        )
+        self.transcript.append(turn_message(self.turn.content, self.turn.tool_calls))
+        return calls
+
+    def _started(
+        self, call: ToolCall, approval: ToolApproval, *, awaiting: bool
+    ) -> events.ToolStarted:
+        return events.ToolStarted(
+            message_id=self.turn.pk,
+            call=events.CallView(call.id, call.name, approval.arguments),
+            approval_id=approval.approval_id,
+            awaiting=awaiting,
         )
 
-    def _save_result(self, call: ToolCall, result: str, *, approval=None) -> Message:
-        return Message.objects.create(
+    def _finish(
+        self, call: ToolCall, result: ToolResult, approval: ToolApproval | None = None
+    ) -> events.ToolFinished:
+        message = self._save_result(call, result, approval)
+        return events.ToolFinished(
+            message_id=self.turn.pk,
+            call=events.CallView(call.id, call.name or "", call.arguments or {}),
+            result_id=message.pk,
+            result=message.content,
+            ok=result.ok,
+            approval_id=approval.approval_id if approval else "",
+            created_at=message.created_at,
+        )
+
+    def _save_result(
+        self, call: ToolCall, result: ToolResult, approval: ToolApproval | None = None
+    ) -> Message:
+        message = Message.objects.create(
             conversation=self.conversation,
             run=self.run,
             role=Message.Role.TOOL,
-            content=strip_nul(result),
+            content=strip_nul(result.text),
+            is_error=not result.ok,
             tool_call_id=call.id,
             tool_name=call.name or "",
             tool_arguments=call.arguments or {},
             approval_id=approval.approval_id if approval else "",
         )
+        self.transcript.append(tool_message(call.id, message.content))
+        return message
 
     def _save_partial(self, content: str) -> None:
         if content.strip():
@@ -329,11 +373,8 @@ class Agent:
                 content=content,
             )
 
-    def _error(self, text: str) -> Iterator[Event]:
+    def _fail(self, text: str) -> Iterator[events.Event]:
         message = Message.objects.create(
-            conversation=self.conversation,
-            run=self.run,
-            role=Message.Role.ERROR,
-            content=text,
+            conversation=self.conversation, run=self.run, role=Message.Role.ERROR, content=text
         )
-        yield Event("error", {"text": text, "message": message})
+        yield events.Failed(message_id=message.pk, text=text, created_at=message.created_at)

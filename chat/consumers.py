@@ -2,60 +2,41 @@ from __future__ import annotations
 
 import json
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from approvals.inbox import ensure_inbox, off_layer_reset, on_layer_reset
 from approvals.notify import member_group
 from chat import render
+from chat.engine import run_launch, run_stop
+from chat.limits import MAX_FRAME, MAX_MESSAGE
 from chat.models import Conversation
-from chat.runs import run_launch, run_stop
 from chat.services import session_digest
+from studio.runtime import runtime
 from studio.sessions import session_user
 from studio.text import strip_nul
-
-MAX_FRAME = 64 * 1024
-MAX_MESSAGE = 20_000
 
 # Close codes the page understands (studio.js): it stops reconnecting and says why.
 CLOSE_LOGGED_OUT = 4401
 CLOSE_NOT_FOUND = 4404
 
-REFUSALS = {
-    "busy": "The server is busy right now: all agent workers are in use. "
-    "Your message was not sent; please try again in a moment.",
-    "running": "The agent is still working on your previous message. "
-    "Wait for it to finish, or press Stop. Your message was not sent.",
-    "empty": "Type a message first.",
-    "gone": "This conversation no longer exists.",
-}
 SESSION_ENDED = "Your session has ended (logged out, or the account changed). Log in again."
 
 
-@database_sync_to_async
 def _conversation_for(conversation_id: int, user) -> Conversation | None:
     return Conversation.objects.owned_by(user).filter(pk=conversation_id).first()
 
 
-@database_sync_to_async
-def _catch_up(conversation: Conversation) -> str:
-    return render.catch_up(conversation)
-
-
-@database_sync_to_async
 def _settings(conversation_id: int) -> str:
     return render.settings_panel(Conversation.objects.get(pk=conversation_id), oob=True)
 
 
-@database_sync_to_async
-def _stop(conversation_id: int, user) -> bool:
-    return run_stop(conversation_id=conversation_id, user=user)
-
-
-@database_sync_to_async
 def _session_alive(session_key: str | None, user_id: int) -> bool:
     user = session_user(session_key)
     return user.is_authenticated and user.pk == user_id
+
+
+async def off_loop(fn, *args, **kwargs):
+    """Database work for a socket, on the runtime's pool (not the one sync thread)."""
+    return await runtime().off_loop(fn, *args, **kwargs)
 
 
 class ChatConsumer(AsyncWebsocketConsumer):
@@ -77,8 +58,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.accept()
             await self.close(code=CLOSE_LOGGED_OUT)
             return
+        await runtime().start()
         conversation_id = int(self.scope["url_route"]["kwargs"]["conversation_id"])
-        conversation = await _conversation_for(conversation_id, user)
+        conversation = await off_loop(_conversation_for, conversation_id, user)
         if conversation is None:
             await self.accept()
             await self.close(code=CLOSE_NOT_FOUND)
@@ -88,19 +70,18 @@ class ChatConsumer(AsyncWebsocketConsumer):
         self.group = conversation.group_name
         self.member_group = member_group(user.pk)
         self.seq = 0
-        await ensure_inbox()
-        on_layer_reset(self._rejoin)
+        runtime().inbox.on_layer_reset(self._rejoin)
         # Join before accepting, then catch up: whatever happened between the
         # page render and now is in the state we send.
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.channel_layer.group_add(self.member_group, self.channel_name)
         await self.accept()
-        await self.send(text_data=await _catch_up(conversation))
+        await self.send(text_data=await off_loop(render.catch_up, conversation))
 
     async def disconnect(self, code: int) -> None:
         # The run belongs to the conversation: leaving does not cancel it.
         if self.conversation_id is not None:
-            off_layer_reset(self._rejoin)
+            runtime().inbox.off_layer_reset(self._rejoin)
             await self.channel_layer.group_discard(self.group, self.channel_name)
             await self.channel_layer.group_discard(self.member_group, self.channel_name)
 
@@ -108,15 +89,17 @@ class ChatConsumer(AsyncWebsocketConsumer):
         """Redis restarted and forgot our groups: join again and catch the tab up."""
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.channel_layer.group_add(self.member_group, self.channel_name)
-        conversation = await _conversation_for(self.conversation_id, self.user)
+        conversation = await off_loop(_conversation_for, self.conversation_id, self.user)
         if conversation is not None:
-            await self.send(text_data=await _catch_up(conversation))
+            await self.send(text_data=await off_loop(render.catch_up, conversation))
 
     async def _session_ended(self, *, ended: str = "") -> bool:
         """Close the socket, saying why, when its session no longer logs the member in."""
         session = self.scope.get("session")
         key = session.session_key if session is not None else None
-        if not (ended and ended == session_digest(key)) and await _session_alive(key, self.user.pk):
+        if not (ended and ended == session_digest(key)) and await off_loop(
+            _session_alive, key, self.user.pk
+        ):
             return False
         await self._notice(SESSION_ENDED)
         await self.close(code=CLOSE_LOGGED_OUT)
@@ -142,7 +125,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return
         action = data.get("action", "send")
         if action == "stop":
-            if not await _stop(self.conversation_id, self.user):
+            if not await off_loop(run_stop, conversation_id=self.conversation_id, user=self.user):
                 await self._notice("Nothing is running.", level="info")
             return
         if action != "send":
@@ -156,7 +139,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
         if len(text) > MAX_MESSAGE:
             await self._notice(f"Messages are limited to {MAX_MESSAGE:,} characters.")
             return
-        launch = await run_launch(conversation_id=self.conversation_id, user=self.user, text=text)
+        launch = await off_loop(
+            run_launch, conversation_id=self.conversation_id, user=self.user, text=text
+        )
         self.seq += 1
         if launch.ok:
             await self.send(
@@ -165,8 +150,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             )
         else:
             await self.send(
-                text_data=render.notice(REFUSALS[launch.reason])
-                + render.composer_state("refused", self.seq)
+                text_data=render.notice(launch.refusal) + render.composer_state("refused", self.seq)
             )
 
     async def _notice(self, text: str, *, level: str = "error") -> None:
@@ -180,7 +164,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
     async def approval_changed(self, event: dict) -> None:
         html = event["html"]
         if event.get("reason") == "always_allow":
-            html += await _settings(self.conversation_id)
+            html += await off_loop(_settings, self.conversation_id)
         await self.send(text_data=html)
 
     async def session_check(self, event: dict) -> None:

@@ -128,6 +128,8 @@ class Message(models.Model):
     # key: purging old approvals must stay one DELETE, and a transcript
     # outlives its audit rows.
     approval_id = models.CharField(max_length=64, blank=True)
+    # Tool results: the call did not work (the model reads "Error: ..." in content).
+    is_error = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -6,27 +6,22 @@ message looks the same pushed over the socket or fetched with the page.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.template.loader import render_to_string
+from django.utils.html import escape
 
-from approvals.models import ToolApproval
-from chat.models import Conversation, Message
-from chat.services import ToolBlock, transcript_items
+from approvals.models import ToolApproval, ToolGrant
+from chat import events
+from chat.display import Item, MessageView, ToolBlock, blocks_for, tool_dom_id, transcript_items
+from chat.limits import MAX_MESSAGE
+from chat.models import Conversation, Message, Run
+from chat.tools import REGISTRY
 
 
-def message(msg: Message) -> str:
-    from chat.services import Item
-
-    item = Item(message=msg)
-    if msg.role == Message.Role.ASSISTANT:
-        item.tools = [
-            ToolBlock(
-                message_id=msg.pk,
-                call_id=c["id"],
-                name=c["name"],
-                arguments=c.get("arguments") or {},
-            )
-            for c in msg.tool_calls
-        ]
+def message(view: MessageView, tool_calls: list[dict] = ()) -> str:
+    item = Item(message=view)
+    if view.role == Message.Role.ASSISTANT:
+        item.tools = blocks_for(view.pk, list(tool_calls))
     return render_to_string("chat/_message.html", {"item": item})
 
 
@@ -35,42 +30,79 @@ def appended(html: str) -> str:
     return f'<div hx-swap-oob="beforeend:#transcript">{html}</div>'
 
 
-def tool_block(block: ToolBlock, *, oob: bool = True) -> str:
-    return render_to_string("chat/_tool_block.html", {"block": block, "oob": oob})
-
-
-def tool_block_for_event(data: dict) -> str:
-    approval: ToolApproval | None = data.get("approval")
-    if approval is not None:
-        approval = ToolApproval.objects.select_related("decided_by").get(pk=approval.pk)
-    block = ToolBlock(
-        message_id=data["message_id"],
-        call_id=data["tool_call_id"],
-        name=data["tool"],
-        arguments=data.get("arguments") or {},
-        approval=approval,
-        result=data.get("message"),
-    )
-    return tool_block(block)
-
-
-def tool_output(data: dict) -> str:
-    """Only the result part of a tool block: the card was already pushed."""
-    from chat.services import tool_dom_id
-
+def tool_block(block: ToolBlock) -> str:
     return render_to_string(
-        "chat/_tool_output.html",
-        {
-            "dom_id": tool_dom_id(data["message_id"], data["tool_call_id"]),
-            "call_id": data["tool_call_id"],
-            "result": data.get("message"),
-            "oob": True,
-        },
+        "chat/_tool_block.html",
+        {"block": block, "oob": True, "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH},
     )
+
+
+def tool_started(event: events.ToolStarted) -> str:
+    approval = None
+    if event.approval_id:
+        approval = ToolApproval.objects.get(approval_id=event.approval_id)
+    return tool_block(
+        ToolBlock(
+            message_id=event.message_id,
+            call_id=event.call.call_id,
+            name=event.call.name,
+            arguments=event.call.arguments,
+            approval=approval,
+        )
+    )
+
+
+def tool_finished(event: events.ToolFinished) -> str:
+    result = MessageView(
+        pk=event.result_id,
+        role=Message.Role.TOOL,
+        content=event.result,
+        created_at=event.created_at,
+        is_error=not event.ok,
+    )
+    if event.approval_id:
+        # The card is on the page already: only the output below it changes.
+        return render_to_string(
+            "chat/_tool_output.html",
+            {
+                "dom_id": tool_dom_id(event.message_id, event.call.call_id),
+                "call_id": event.call.call_id,
+                "result": result,
+                "oob": True,
+            },
+        )
+    return tool_block(
+        ToolBlock(
+            message_id=event.message_id,
+            call_id=event.call.call_id,
+            name=event.call.name,
+            arguments=event.call.arguments,
+            result=result,
+        )
+    )
+
+
+def turn_saved(event: events.TurnSaved) -> str:
+    view = MessageView(
+        pk=event.message_id,
+        role=Message.Role.ASSISTANT,
+        content=event.content,
+        created_at=event.created_at,
+    )
+    calls = [{"id": c.call_id, "name": c.name, "arguments": c.arguments} for c in event.calls]
+    return message(view, calls)
 
 
 def stream_open(stream_id: str) -> str:
     return render_to_string("chat/_stream.html", {"stream_id": stream_id})
+
+
+def stream_delta(stream_id: str, text: str) -> str:
+    return f'<div hx-swap-oob="beforeend:#{stream_id}-body">{escape(text)}</div>'
+
+
+def stream_drop(stream_id: str) -> str:
+    return f'<div id="{stream_id}" hx-swap-oob="delete"></div>'
 
 
 def run_status(text: str) -> str:
@@ -84,25 +116,35 @@ def run_controls(*, running: bool, conversation_id: int) -> str:
     )
 
 
+def title(conversation_title: str) -> str:
+    return f'<h1 id="conversation-title" hx-swap-oob="outerHTML">{escape(conversation_title)}</h1>'
+
+
 def settings_panel(conversation: Conversation, request=None, *, oob: bool = False) -> str:
     context = {**settings_context(conversation), "oob": oob}
     return render_to_string("chat/_settings.html", context, request=request)
 
 
 def settings_context(conversation: Conversation) -> dict:
-    from approvals.models import ToolGrant
-    from chat.tools import REGISTRY
-
     grants = (
         ToolGrant.objects.active().filter(conversation=conversation).select_related("granted_by")
     )
     return {"conversation": conversation, "tools": list(REGISTRY.values()), "grants": list(grants)}
 
 
+def page_context(conversation: Conversation) -> dict:
+    """Everything ``chat/conversation.html`` shows."""
+    return {
+        **settings_context(conversation),
+        "items": transcript_items(conversation),
+        "running": Run.objects.running().filter(conversation=conversation).exists(),
+        "message_max_length": MAX_MESSAGE,
+        "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH,
+    }
+
+
 def catch_up(conversation: Conversation) -> str:
     """Everything a (re)connecting tab needs to be current: transcript and run state."""
-    from chat.models import Run
-
     running = Run.objects.running().filter(conversation=conversation).exists()
     return (
         transcript(conversation)
@@ -114,7 +156,12 @@ def catch_up(conversation: Conversation) -> str:
 def transcript(conversation: Conversation) -> str:
     return render_to_string(
         "chat/_transcript.html",
-        {"items": transcript_items(conversation), "conversation": conversation, "oob": True},
+        {
+            "items": transcript_items(conversation),
+            "conversation": conversation,
+            "oob": True,
+            "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH,
+        },
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
@@ -13,10 +12,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolGrant
-from approvals.notify import group_send, member_group
-from approvals.services import grant_revoke
+from approvals.notify import member_group
+from approvals.services import approvals_end, grant_revoke
 from chat.models import Conversation, Message, Run
 from chat.tools import tool_names
+from studio.runtime import runtime
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def session_digest(session_key: str | None) -> str:
 def member_sessions_recheck(*, user_id: int, ended_session: str | None = None) -> None:
     """After commit, make every open socket of the member re-check its session."""
     message = {"type": "session.check", "ended": session_digest(ended_session)}
-    transaction.on_commit(lambda: group_send(member_group(user_id), message))
+    transaction.on_commit(lambda: runtime().outbox.group(member_group(user_id), message))
 
 
 def conversation_start(*, owner, title: str = "New chat") -> Conversation:
@@ -61,6 +61,7 @@ def conversation_grant_revoke(*, conversation: Conversation, grant_id: int, user
 
 def run_create(
     *,
+    run_id: str,
     conversation_id: int,
     user,
     text: str,
@@ -73,13 +74,16 @@ def run_create(
     processes. A run in the way is retired first if its process died: its
     heartbeat is stale, or ``is_dead(run_id)`` says so (a single-process
     deployment knows every live run, so one it does not know died with the
-    previous server).
+    previous server). The caller registers ``run_id`` as live *before*
+    calling, so a concurrent send never mistakes this run for a dead one.
     """
     conversation = Conversation.objects.get(pk=conversation_id, owner=user)
     for attempt in range(2):
         try:
             with transaction.atomic():
-                run = Run.objects.create(conversation=conversation, started_by=user, inbox=inbox)
+                run = Run.objects.create(
+                    id=run_id, conversation=conversation, started_by=user, inbox=inbox
+                )
                 Message.objects.create(
                     conversation=conversation, run=run, role=Message.Role.USER, content=text
                 )
@@ -90,11 +94,11 @@ def run_create(
         except IntegrityError:
             if attempt:
                 raise RunBusy(conversation_id) from None
-            retired = run_retire_stale(conversation_id=conversation_id)[0]
+            retired = runs_retire(runs=stale_runs(conversation_id=conversation_id))[0]
             if not retired and is_dead is not None:
                 running = Run.objects.running().filter(conversation_id=conversation_id)
-                running = running.values_list("id", flat=True)
-                retired = _retire([i for i in running if is_dead(str(i))])[0]
+                dead = [i for i in running.values_list("id", flat=True) if is_dead(str(i))]
+                retired = runs_retire(runs=Run.objects.filter(pk__in=dead))[0]
             if not retired:
                 raise RunBusy(conversation_id) from None
     raise RunBusy(conversation_id)
@@ -114,37 +118,38 @@ def stale_runs(*, conversation_id: int | None = None):
     return runs
 
 
-def run_retire_stale(
-    *, conversation_id: int | None = None, dry_run: bool = False
-) -> tuple[int, int]:
-    """Mark dead runs as errors and expire their pending approvals.
+def runs_retire(*, runs, dry_run: bool = False) -> tuple[int, int]:
+    """Mark runs of dead processes as failed and expire their pending approvals.
 
-    Three queries whatever the number of rows. Returns (runs, approvals).
+    Their cards turn "Expired" in every open tab. Returns (runs, approvals).
     """
-    ids = list(stale_runs(conversation_id=conversation_id).values_list("id", flat=True))
-    return _retire(ids, dry_run=dry_run)
-
-
-def _retire(ids: list, *, dry_run: bool = False) -> tuple[int, int]:
+    ids = [str(i) for i in runs.filter(status=Run.Status.RUNNING).values_list("id", flat=True)]
     if not ids:
         return 0, 0
-    approvals = ToolApproval.objects.pending().filter(run_id__in=[str(i) for i in ids])
+    pending = ToolApproval.objects.filter(run_id__in=ids)
     if dry_run:
-        return len(ids), approvals.count()
-    now = timezone.now()
+        return len(ids), pending.pending().count()
     retired = (
         Run.objects.running()
         .filter(pk__in=ids)
         .update(
             status=Run.Status.ERROR,
-            finished_at=now,
+            finished_at=timezone.now(),
             error="The server process running this stopped.",
         )
     )
-    expired = approvals.update(
-        status=ToolApproval.Status.DENIED, reason=ToolApproval.Reason.EXPIRED, decided_at=now
-    )
-    return retired, expired
+    expired = approvals_end(pending=pending, reason=ToolApproval.Reason.EXPIRED)
+    return retired, len(expired)
+
+
+def on_purge(sender, *, dry_run: bool, report: list, **kwargs) -> None:
+    """purge_approvals asks every app for its part: ours is the runs of dead processes."""
+    retired, expired = runs_retire(runs=stale_runs(), dry_run=dry_run)
+    if retired:
+        verb = "Would retire" if dry_run else "Retired"
+        report.append(
+            f"{verb} {retired} run(s) of dead server processes with {expired} pending approval(s)."
+        )
 
 
 def run_heartbeat(*, run_ids: list[str]) -> int:
@@ -157,65 +162,3 @@ def run_finish(*, run_id: str, status: str, error: str = "") -> None:
     Run.objects.running().filter(pk=run_id).update(
         status=status, error=error[:2000], finished_at=timezone.now()
     )
-
-
-# --- reading the transcript for display ---------------------------------------------
-
-
-@dataclass
-class ToolBlock:
-    message_id: int
-    call_id: str
-    name: str
-    arguments: dict
-    approval: ToolApproval | None = None
-    result: Message | None = None
-
-    @property
-    def dom_id(self) -> str:
-        return tool_dom_id(self.message_id, self.call_id)
-
-
-@dataclass
-class Item:
-    message: Message
-    tools: list[ToolBlock] = field(default_factory=list)
-
-
-def tool_dom_id(message_id: int, call_id: str) -> str:
-    safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in call_id)[:80]
-    return f"tool-{message_id}-{safe}"
-
-
-def transcript_items(conversation: Conversation, *, limit: int = 500) -> list[Item]:
-    """Messages in order, each assistant turn with its tool calls, approvals and results."""
-    messages = list(conversation.messages.order_by("-created_at", "-id")[:limit])
-    messages.reverse()
-    approvals = {
-        (a.run_id, a.tool_call_id): a
-        for a in ToolApproval.objects.filter(conversation=conversation)
-        .select_related("decided_by")
-        .order_by("requested_at")
-    }
-    items: list[Item] = []
-    blocks: dict[str, ToolBlock] = {}
-    for m in messages:
-        if m.role == Message.Role.TOOL:
-            block = blocks.get(m.tool_call_id)
-            if block is not None:
-                block.result = m
-            continue
-        item = Item(message=m)
-        if m.role == Message.Role.ASSISTANT:
-            for call in m.tool_calls:
-                block = ToolBlock(
-                    message_id=m.pk,
-                    call_id=call["id"],
-                    name=call["name"],
-                    arguments=call.get("arguments") or {},
-                    approval=approvals.get((str(m.run_id or ""), call["id"])),
-                )
-                blocks[call["id"]] = block
-                item.tools.append(block)
-        items.append(item)
-    return items

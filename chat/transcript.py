@@ -1,4 +1,8 @@
-"""Rebuild the model's transcript from Message rows (nothing lives only in memory)."""
+"""The model's transcript, rebuilt from Message rows (nothing lives only in memory).
+
+A run builds it once when it starts and then appends what it saves, with
+the same two helpers, so the model sees exactly what a rebuild would give.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,24 @@ SYSTEM_PROMPT = (
 INTERRUPTED = "Error: no result was recorded for this call (the run was interrupted)."
 
 
+def turn_message(content: str, tool_calls: list[dict]) -> dict:
+    entry: dict = {"role": "assistant", "content": content or None}
+    if tool_calls:
+        entry["tool_calls"] = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments") or {})},
+            }
+            for c in tool_calls
+        ]
+    return entry
+
+
+def tool_message(call_id: str, content: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
 def transcript_build(conversation: Conversation, *, enabled_tools: list[str]) -> list[dict]:
     tools = ", ".join(f"{n} ({REGISTRY[n].description})" for n in enabled_tools if n in REGISTRY)
     messages: list[dict] = [
@@ -31,27 +53,12 @@ def transcript_build(conversation: Conversation, *, enabled_tools: list[str]) ->
         if m.role == Message.Role.USER:
             messages.append({"role": "user", "content": m.content})
         elif m.role == Message.Role.ASSISTANT:
-            entry: dict = {"role": "assistant", "content": m.content or None}
-            if m.tool_calls:
-                entry["tool_calls"] = [
-                    {
-                        "id": c["id"],
-                        "type": "function",
-                        "function": {
-                            "name": c["name"],
-                            "arguments": json.dumps(c.get("arguments") or {}),
-                        },
-                    }
-                    for c in m.tool_calls
-                ]
-                open_calls = [c["id"] for c in m.tool_calls]
-            messages.append(entry)
+            messages.append(turn_message(m.content, m.tool_calls))
+            open_calls = [c["id"] for c in m.tool_calls]
         elif m.role == Message.Role.TOOL:
             if m.tool_call_id in open_calls:
                 open_calls.remove(m.tool_call_id)
-                messages.append(
-                    {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
-                )
+                messages.append(tool_message(m.tool_call_id, m.content))
         # ERROR rows are for people, not for the model.
     messages.extend(_close(open_calls))
     return messages
@@ -59,4 +66,4 @@ def transcript_build(conversation: Conversation, *, enabled_tools: list[str]) ->
 
 def _close(open_calls: list[str]) -> list[dict]:
     """Results for calls a crashed run never answered, so the transcript stays valid."""
-    return [{"role": "tool", "tool_call_id": c, "content": INTERRUPTED} for c in open_calls]
+    return [tool_message(c, INTERRUPTED) for c in open_calls]

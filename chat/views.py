@@ -1,21 +1,19 @@
 from __future__ import annotations
 
-from asgiref.sync import sync_to_async
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from chat import render as fragments
-from chat.consumers import MAX_MESSAGE, REFUSALS
-from chat.models import Conversation, Run
-from chat.runs import run_launch, run_stop
+from chat.engine import run_launch, run_stop
+from chat.limits import MAX_MESSAGE
+from chat.models import Conversation
 from chat.services import (
     conversation_grant_revoke,
     conversation_settings_update,
     conversation_start,
-    transcript_items,
 )
 from studio.http import HtmxHttpRequest
 from studio.text import strip_nul
@@ -42,30 +40,21 @@ def conversation_new(request: HtmxHttpRequest) -> HttpResponse:
 @login_required
 def conversation_detail(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
     conversation = _owned(request, conversation_id)
-    running = Run.objects.running().filter(conversation=conversation).exists()
-    context = {
-        **fragments.settings_context(conversation),
-        "items": transcript_items(conversation),
-        "running": running,
-    }
-    return render(request, "chat/conversation.html", context)
+    return render(request, "chat/conversation.html", fragments.page_context(conversation))
 
 
 @require_POST
 @login_required
-async def conversation_send(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
+def conversation_send(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
     """Plain-form fallback of the WebSocket's send (works before any script runs)."""
-    user = await request.auser()
-    owned = await Conversation.objects.owned_by(user).filter(pk=conversation_id).aexists()
-    if not owned:
-        raise Http404("No such conversation.")
+    conversation = _owned(request, conversation_id)
     text = strip_nul(request.POST.get("message", ""))
     if len(text) > MAX_MESSAGE:
         return HttpResponse(f"Messages are limited to {MAX_MESSAGE:,} characters.", status=400)
-    launch = await run_launch(conversation_id=conversation_id, user=user, text=text)
+    launch = run_launch(conversation_id=conversation.pk, user=request.user, text=text)
     if not launch.ok:
-        await sync_to_async(messages.error)(request, REFUSALS[launch.reason])
-    return redirect("chat:conversation", conversation_id)
+        messages.error(request, launch.refusal)
+    return redirect(conversation)
 
 
 @require_POST
@@ -98,7 +87,7 @@ def grant_revoke(request: HtmxHttpRequest, conversation_id: int, grant_id: int) 
     if not conversation_grant_revoke(
         conversation=conversation, grant_id=grant_id, user=request.user
     ):
-        raise Http404("No such grant.")
+        return HttpResponse("No such grant.", status=404)
     if request.htmx:
         return HttpResponse(fragments.settings_panel(conversation, request=request))
     return redirect(conversation)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 
+import django
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "studio.settings")
 # Set up Django (apps, settings) before anything imports models.
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)
+
+from studio.handlers import OneHopASGIHandler  # noqa: E402
+
+django_asgi_app = OneHopASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

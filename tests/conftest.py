@@ -10,7 +10,8 @@ from urllib.parse import urlparse
 import pytest
 from django.conf import settings
 
-from approvals.gate import GATE, Gate
+from approvals.gate import Gate
+from studio.runtime import runtime
 from tests.factories import make_conversation, make_user
 
 REQUIRE_SERVICES = os.environ.get("STUDIO_REQUIRE_SERVICES") == "1"
@@ -101,8 +102,9 @@ def conversation(alice):
 @pytest.fixture
 def gate() -> Gate:
     """The process's gate (decisions wake it), emptied after each test."""
-    yield GATE
-    GATE.clear()
+    gate = runtime().gate
+    yield gate
+    gate.clear()
 
 
 @pytest.fixture(scope="session")

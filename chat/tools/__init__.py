@@ -8,9 +8,5 @@ from chat.tools.base import Tool
 REGISTRY: dict[str, Tool] = {t.TOOL.name: t.TOOL for t in (python, terminal, web_fetch)}
 
 
-def get_tool(name: str) -> Tool | None:
-    return REGISTRY.get(name)
-
-
 def tool_names() -> list[str]:
     return list(REGISTRY)

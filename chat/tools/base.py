@@ -6,21 +6,36 @@ from pathlib import Path
 
 from studio.cancel import CancelToken
 
-RunFn = Callable[..., str]
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a call gave back: the text the model reads, and whether it worked.
+
+    A failure's text starts with ``Error:`` because that is what the model
+    should read; code looks at ``ok``, never at the text.
+    """
+
+    text: str
+    ok: bool = True
+
+    @classmethod
+    def error(cls, message: str) -> ToolResult:
+        return cls(f"Error: {message}", ok=False)
+
+
+RunFn = Callable[..., ToolResult]
 
 
 @dataclass(frozen=True)
 class Tool:
     """A tool the agent may call: its schema for the model and how to run it.
 
-    ``run(arguments, *, cancel, timeout, workspace) -> str`` returns the text
-    the model sees; failures are returned as text starting with ``Error:``.
+    ``run(arguments, *, cancel, timeout, workspace) -> ToolResult``.
     """
 
     name: str
     description: str
     parameters: dict
-    side_effects: bool
     run: RunFn
 
     def schema(self) -> dict:
@@ -51,11 +66,11 @@ class Tool:
 
     def execute(
         self, arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path
-    ) -> str:
+    ) -> ToolResult:
         problem = self.validate(arguments)
         if problem:
-            return f"Error: {problem}."
+            return ToolResult.error(f"{problem}.")
         try:
             return self.run(arguments, cancel=cancel, timeout=timeout, workspace=workspace)
         except Exception as exc:  # a tool bug must not kill the run
-            return f"Error: the {self.name} tool failed: {type(exc).__name__}: {exc}"
+            return ToolResult.error(f"the {self.name} tool failed: {type(exc).__name__}: {exc}")

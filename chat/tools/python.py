@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from chat.tools.base import Tool
+from chat.tools.base import Tool, ToolResult
 from chat.tools.sandbox import SandboxUnavailable, run_sandboxed
 from studio.cancel import CancelToken
 
@@ -26,7 +26,7 @@ def sandbox_python() -> str:
     return sys.executable
 
 
-def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> str:
+def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> ToolResult:
     try:
         result = run_sandboxed(
             [sandbox_python(), "-I", "-"],
@@ -36,8 +36,8 @@ def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path
             stdin=arguments["code"],
         )
     except SandboxUnavailable as exc:
-        return str(exc)
-    return result.as_text(timeout=timeout)
+        return ToolResult(str(exc), ok=False)
+    return result.as_result(timeout=timeout)
 
 
 TOOL = Tool(
@@ -51,6 +51,5 @@ TOOL = Tool(
         "properties": {"code": {"type": "string", "description": "The Python source to run."}},
         "required": ["code"],
     },
-    side_effects=True,
     run=run,
 )

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from chat.tools.base import ToolResult
 from studio.cancel import CancelToken
 from studio.text import strip_nul
 
@@ -101,24 +102,28 @@ class SandboxResult:
     quota_bytes: int = 0
 
     def as_text(self, *, timeout: float) -> str:
+        return self.as_result(timeout=timeout).text
+
+    def as_result(self, *, timeout: float) -> ToolResult:
         text = self.output
         if self.truncated_bytes:
             text += f"\n[output truncated: {self.truncated_bytes} more bytes not shown]"
         if self.timed_out:
-            return f"Error: timed out after {timeout:g} s and was killed.\n{text}".rstrip()
-        if self.cancelled:
-            return f"Error: stopped by the user.\n{text}".rstrip()
-        if self.over_quota:
-            return (
-                f"Error: the workspace passed its quota of {self.quota_bytes // MB} MB and the "
-                f"call was killed; delete files to free space.\n{text}"
-            ).rstrip()
-        if self.out_of_memory:
-            return f"Error: killed: the call used more than its memory limit.\n{text}".rstrip()
-        if self.exit_code:
-            reason = _describe_exit(self.exit_code)
-            return f"Error: exited with {reason}.\n{text}".rstrip()
-        return text if text.strip() else "(no output)"
+            problem = f"timed out after {timeout:g} s and was killed."
+        elif self.cancelled:
+            problem = "stopped by the user."
+        elif self.over_quota:
+            problem = (
+                f"the workspace passed its quota of {self.quota_bytes // MB} MB and the "
+                "call was killed; delete files to free space."
+            )
+        elif self.out_of_memory:
+            problem = "killed: the call used more than its memory limit."
+        elif self.exit_code:
+            problem = f"exited with {_describe_exit(self.exit_code)}."
+        else:
+            return ToolResult(text if text.strip() else "(no output)")
+        return ToolResult.error(f"{problem}\n{text}".rstrip())
 
 
 def _describe_exit(code: int) -> str:

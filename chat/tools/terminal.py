@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chat.tools.base import Tool
+from chat.tools.base import Tool, ToolResult
 from chat.tools.sandbox import SandboxUnavailable, run_sandboxed
 from studio.cancel import CancelToken
 
 
-def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> str:
+def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> ToolResult:
     try:
         result = run_sandboxed(
             ["/bin/bash", "-c", arguments["command"]],
@@ -18,8 +18,8 @@ def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path
             cancel=cancel,
         )
     except SandboxUnavailable as exc:
-        return str(exc)
-    return result.as_text(timeout=timeout)
+        return ToolResult(str(exc), ok=False)
+    return result.as_result(timeout=timeout)
 
 
 TOOL = Tool(
@@ -33,6 +33,5 @@ TOOL = Tool(
         "properties": {"command": {"type": "string", "description": "The command line to run."}},
         "required": ["command"],
     },
-    side_effects=True,
     run=run,
 )

@@ -29,7 +29,7 @@ import httpcore
 import httpx
 from django.conf import settings
 
-from chat.tools.base import Tool
+from chat.tools.base import Tool, ToolResult
 from studio.cancel import CancelToken
 from studio.text import strip_nul
 
@@ -211,7 +211,7 @@ def fetch(
     allow_private: bool,
     allow_hosts: list[str],
     cancel: CancelToken | None = None,
-) -> str:
+) -> ToolResult:
     backend = GuardedBackend(allow_private=allow_private, allow=allowed_endpoints(allow_hosts))
     interrupted: list[str] = []
 
@@ -235,7 +235,7 @@ def fetch(
         unsubscribe()
 
 
-def _fetch(url: str, *, backend: GuardedBackend, deadline: float, interrupted: list) -> str:
+def _fetch(url: str, *, backend: GuardedBackend, deadline: float, interrupted: list) -> ToolResult:
     headers = {"User-Agent": USER_AGENT, "Accept": "text/html,text/plain,*/*;q=0.5"}
     transport = GuardedTransport(backend)
     remaining = max(0.1, deadline - time.monotonic())
@@ -243,7 +243,9 @@ def _fetch(url: str, *, backend: GuardedBackend, deadline: float, interrupted: l
         for _ in range(MAX_REDIRECTS + 1):
             scheme = urlsplit(url).scheme.lower()
             if scheme not in ("http", "https"):
-                return f"Error: only http and https URLs can be fetched, not {scheme or 'this'}."
+                return ToolResult.error(
+                    f"only http and https URLs can be fetched, not {scheme or 'this'}."
+                )
             backend.scheme = scheme
             with client.stream("GET", url, headers=headers) as response:
                 if response.is_redirect and "location" in response.headers:
@@ -273,12 +275,12 @@ def _fetch(url: str, *, backend: GuardedBackend, deadline: float, interrupted: l
                 text, cut = text[:MAX_TEXT], True
             header = f"HTTP {status} {url}\n\n"
             if status >= 400:
-                return f"Error: HTTP {status} from {url}\n\n{text}"
-            return header + text + ("\n[content truncated]" if cut else "")
-    return f"Error: more than {MAX_REDIRECTS} redirects."
+                return ToolResult.error(f"HTTP {status} from {url}\n\n{text}")
+            return ToolResult(header + text + ("\n[content truncated]" if cut else ""))
+    return ToolResult.error(f"more than {MAX_REDIRECTS} redirects.")
 
 
-def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> str:
+def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> ToolResult:
     url = arguments["url"].strip()
     limit = min(timeout, MAX_SECONDS)
     try:
@@ -290,19 +292,19 @@ def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path
             cancel=cancel,
         )
     except BlockedAddress as exc:
-        return f"Error: {exc}."
+        return ToolResult.error(f"{exc}.")
     except Interrupted as exc:
         if str(exc) == "stop":
-            return "Error: stopped by the user."
-        return f"Error: {url} did not finish within {limit:g} s."
+            return ToolResult.error("stopped by the user.")
+        return ToolResult.error(f"{url} did not finish within {limit:g} s.")
     except httpx.InvalidURL as exc:
-        return f"Error: invalid URL: {exc}."
+        return ToolResult.error(f"invalid URL: {exc}.")
     except httpx.UnsupportedProtocol:
-        return "Error: only http and https URLs can be fetched."
+        return ToolResult.error("only http and https URLs can be fetched.")
     except httpx.TimeoutException:
-        return f"Error: {url} did not answer in time."
+        return ToolResult.error(f"{url} did not answer in time.")
     except httpx.HTTPError as exc:
-        return f"Error: could not fetch {url}: {exc}."
+        return ToolResult.error(f"could not fetch {url}: {exc}.")
 
 
 TOOL = Tool(
@@ -313,6 +315,5 @@ TOOL = Tool(
         "properties": {"url": {"type": "string", "description": "The http(s) URL to fetch."}},
         "required": ["url"],
     },
-    side_effects=False,
     run=run,
 )

@@ -8,10 +8,8 @@ import json
 import pytest
 from channels.layers import get_channel_layer
 
-from approvals import services
-from approvals.gate import GATE
-from approvals.inbox import ensure_inbox, stop_inbox
 from approvals.services import approval_decide
+from studio.runtime import runtime
 from tests.helpers.procs import read_line, spawn
 
 BOUND = 30
@@ -54,7 +52,8 @@ def test_decision_in_this_process_wakes_a_waiter_in_another_through_redis(conver
 @pytest.mark.django_db(transaction=True)
 def test_dropped_channel_message_is_covered_by_the_poll(conversation, alice, monkeypatch):
     dropped: list[tuple[str, dict]] = []
-    monkeypatch.setattr(services, "layer_send", lambda channel, msg: dropped.append((channel, msg)))
+    outbox = runtime().outbox
+    monkeypatch.setattr(outbox, "channel", lambda channel, msg: dropped.append((channel, msg)))
     proc, approval_id = park_waiter(conversation, poll=0.3, timeout=BOUND - 5)
     try:
         assert approval_decide(approval_id=approval_id, user=alice, decision="deny").resolved
@@ -64,20 +63,20 @@ def test_dropped_channel_message_is_covered_by_the_poll(conversation, alice, mon
         proc.kill()
 
 
-async def test_inbox_message_wakes_a_local_slot():
+async def test_inbox_message_wakes_a_local_slot(gate):
     """The per-process inbox: a message sent to it wakes the slot it names."""
-    inbox = await ensure_inbox()
-    try:
-        assert await ensure_inbox() == inbox  # one per process and loop
-        slot = GATE.register("inbox-test-id", run_id="r")
-        await get_channel_layer().send(
-            inbox, {"type": "approval.decided", "approval_id": "inbox-test-id"}
-        )
-        for _ in range(200):
-            if slot.event.is_set():
-                break
-            await asyncio.sleep(0.01)
-        assert slot.event.is_set()
-    finally:
-        GATE.clear()
-        await stop_inbox()
+    rt = runtime()
+    await rt.start()
+    inbox = rt.inbox.name
+    assert inbox
+    await rt.start()
+    assert rt.inbox.name == inbox  # one per process and loop
+    slot = gate.register("inbox-test-id", run_id="r")
+    woken = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    slot.on_wake(lambda: loop.call_soon_threadsafe(woken.set))
+    await get_channel_layer().send(
+        inbox, {"type": "approval.decided", "approval_id": "inbox-test-id"}
+    )
+    await asyncio.wait_for(woken.wait(), BOUND)
+    assert slot.is_woken()

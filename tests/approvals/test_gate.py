@@ -12,7 +12,8 @@ import threading
 import time
 
 import pytest
-from django.db import connections
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
 
 from approvals.gate import Gate
 from approvals.models import ToolApproval, new_approval_id
@@ -51,7 +52,6 @@ class Waiter(threading.Thread):
                 cancel=self.cancel,
                 timeout=self.timeout,
                 poll=self.poll,
-                gate=self.gate,
             )
         except BaseException as exc:  # surfaced by finish()
             self.error = exc
@@ -74,7 +74,6 @@ def request(conversation, gate, *, tool="python", arguments=None, run_id="run-1"
         arguments=arguments or {"code": "print(42)"},
         requested_by=conversation.owner,
         run_id=run_id,
-        gate=gate,
     )
 
 
@@ -127,8 +126,8 @@ def test_decision_before_the_wait_is_not_lost(conversation, alice, gate):
     approval, slot = request(conversation, gate)
     # Decided after registration, before anyone waits.
     approval_decide(approval_id=approval.approval_id, user=alice, decision="allow")
-    assert slot.event.is_set()
-    outcome = approval_wait(slot=slot, timeout=BOUND, poll=LONG_POLL, gate=gate)
+    assert slot.is_woken()
+    outcome = approval_wait(slot=slot, timeout=BOUND, poll=LONG_POLL)
     assert outcome.status == "allowed"
 
 
@@ -137,7 +136,7 @@ def test_decision_between_the_reread_and_the_block_is_not_lost(
 ):
     """The nasty window: the waiter has read "pending" but not yet blocked."""
     approval, slot = request(conversation, gate)
-    real_wait = slot.event.wait
+    real_wait = slot.wait
     decided = threading.Event()
 
     def wait_after_deciding(timeout=None):
@@ -146,8 +145,8 @@ def test_decision_between_the_reread_and_the_block_is_not_lost(
             approval_decide(approval_id=approval.approval_id, user=alice, decision="deny")
         return real_wait(timeout)
 
-    monkeypatch.setattr(slot.event, "wait", wait_after_deciding)
-    outcome = approval_wait(slot=slot, timeout=BOUND, poll=LONG_POLL, gate=gate)
+    monkeypatch.setattr(slot, "wait", wait_after_deciding)
+    outcome = approval_wait(slot=slot, timeout=BOUND, poll=LONG_POLL)
     assert decided.is_set()
     assert outcome.status == "denied"
 
@@ -164,7 +163,7 @@ def test_wrong_user_is_refused_and_the_right_one_still_works(conversation, alice
         approval_decide(approval_id=approval.approval_id, user=bob, decision="allow")
     approval.refresh_from_db()
     assert approval.status == "pending"
-    assert not slot.event.is_set()
+    assert not slot.is_woken()
     assert approval_decide(approval_id=approval.approval_id, user=alice, decision="allow").resolved
 
 
@@ -205,13 +204,13 @@ def test_cancel_before_the_wait_ends_it_at_once(conversation, gate):
     _, slot = request(conversation, gate)
     cancel = CancelToken()
     cancel.cancel()
-    outcome = approval_wait(slot=slot, cancel=cancel, timeout=BOUND, poll=LONG_POLL, gate=gate)
+    outcome = approval_wait(slot=slot, cancel=cancel, timeout=BOUND, poll=LONG_POLL)
     assert outcome.reason == "cancelled"
 
 
 def test_timeout_ends_the_wait_as_not_allowed(conversation, gate):
     approval, slot = request(conversation, gate)
-    outcome = approval_wait(slot=slot, timeout=0.2, poll=LONG_POLL, gate=gate)
+    outcome = approval_wait(slot=slot, timeout=0.2, poll=LONG_POLL)
     assert (outcome.status, outcome.reason) == ("denied", "timeout")
     assert outcome.decided_by is None
     assert not gate.has(approval.approval_id)
@@ -219,7 +218,7 @@ def test_timeout_ends_the_wait_as_not_allowed(conversation, gate):
 
 def test_a_late_decision_after_timeout_is_refused(conversation, alice, gate):
     approval, slot = request(conversation, gate)
-    approval_wait(slot=slot, timeout=0.1, poll=LONG_POLL, gate=gate)
+    approval_wait(slot=slot, timeout=0.1, poll=LONG_POLL)
     late = approval_decide(approval_id=approval.approval_id, user=alice, decision="allow")
     assert late.resolved is False
     assert late.approval.reason == "timeout"
@@ -268,7 +267,7 @@ def test_closing_a_run_removes_slots_never_waited_on(conversation, gate):
     first, _ = request(conversation, gate, run_id="run-x")
     second, _ = request(conversation, gate, run_id="run-x", arguments={"code": "2"})
     other, _ = request(conversation, gate, run_id="run-y")
-    assert approval_cancel_run(run_id="run-x", gate=gate) == 2
+    assert approval_cancel_run(run_id="run-x") == 2
     assert not gate.has(first.approval_id) and not gate.has(second.approval_id)
     assert gate.has(other.approval_id)
     for approval in (first, second):
@@ -289,32 +288,59 @@ def test_always_allow_records_a_grant_for_that_tool_in_that_conversation(convers
 
 def test_register_refuses_an_empty_or_duplicate_id(gate):
     with pytest.raises(ValueError):
-        gate.register("")
-    gate.register("abc")
+        gate.register("", run_id="r")
+    gate.register("abc", run_id="r")
     with pytest.raises(ValueError):
-        gate.register("abc")
+        gate.register("abc", run_id="r")
 
 
-def test_process_poller_wakes_a_waiter_whose_wake_was_lost(conversation, gate):
+def test_a_slot_needs_a_run(gate):
+    """An empty run id would pool run-less slots, and one close_run would drop them all."""
+    with pytest.raises(ValueError, match="run_id"):
+        gate.register("abc", run_id="")
+
+
+def test_closing_one_run_leaves_a_live_waiter_of_another_alone(conversation, gate):
+    _, closing = request(conversation, gate, run_id="closing")
+    other, waiting = request(conversation, gate, run_id="live", arguments={"code": "2"})
+    approval_cancel_run(run_id="closing")
+    assert gate.has(other.approval_id) and not waiting.is_woken()
+
+
+def decided_behind_the_gates_back(approval) -> None:
+    """As if the decision's wake message was lost on its way."""
     from django.utils import timezone
 
-    from approvals.services import approval_poll_waiters
-
-    approval, slot = request(conversation, gate)
-    gate.polled_at = time.monotonic()  # a poller runs: the waiter does not poll itself
-    waiter = Waiter(slot, gate)
-    waiter.start()
-    assert waiter.started_waiting.wait(BOUND)
-    # Decided behind the gate's back (as if the wake message was lost).
     ToolApproval.objects.filter(pk=approval.pk).update(
         status="allowed", reason="user", decided_at=timezone.now()
     )
-    for _ in range(100):  # the waiter marks itself waiting right after starting
-        if approval.approval_id in gate.waiting_ids():
-            break
-        time.sleep(0.01)
-    assert approval_poll_waiters(gate=gate) == 1
-    assert waiter.finish().status == "allowed"
+
+
+def test_process_poller_wakes_a_waiter_whose_wake_was_lost(conversation, gate):
+    from approvals.services import approval_check, approval_poll_waiters
+
+    approval, slot = request(conversation, gate)
+    slot.waiting = True  # parked, as the engine marks it
+    decided_behind_the_gates_back(approval)
+    assert not slot.is_woken()
+    assert approval_poll_waiters() == 1  # the first poll re-reads every waiting row
+    assert slot.is_woken()
+    outcome = approval_check(slot=slot, cancel=CancelToken(), deadline=time.monotonic() + BOUND)
+    assert outcome.status == "allowed"
+
+
+def test_later_polls_ask_only_for_what_was_decided_lately(conversation, gate):
+    from approvals.services import approval_poll_waiters
+
+    first, first_slot = request(conversation, gate, run_id="r1")
+    second, second_slot = request(conversation, gate, run_id="r2", arguments={"code": "2"})
+    first_slot.waiting = second_slot.waiting = True
+    assert approval_poll_waiters() == 0  # full re-read: both pending
+    decided_behind_the_gates_back(second)
+    with CaptureQueriesContext(connection) as queries:
+        assert approval_poll_waiters() == 1
+    assert len(queries) == 1 and "IN (" not in queries[0]["sql"]
+    assert second_slot.is_woken() and not first_slot.is_woken()
 
 
 def test_poller_leaves_pending_rows_alone(conversation, gate):
@@ -322,5 +348,5 @@ def test_poller_leaves_pending_rows_alone(conversation, gate):
 
     _, slot = request(conversation, gate)
     slot.waiting = True
-    assert approval_poll_waiters(gate=gate) == 0
-    assert not slot.event.is_set()
+    assert approval_poll_waiters() == 0
+    assert not slot.is_woken()

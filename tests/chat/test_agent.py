@@ -7,6 +7,7 @@ import pytest
 from approvals.models import ToolApproval, ToolGrant
 from approvals.services import REJECTION_TEXT, approval_decide
 from chat.agent import DUPLICATE_TEXT
+from chat.events import Done, Failed, ToolFinished, ToolStarted
 from chat.models import Message
 from tests.factories import make_run
 from tests.helpers.driver import AgentDriver
@@ -29,12 +30,15 @@ def clean_workspace(settings, conversation):
     path.unlink(missing_ok=True)
 
 
-def start(conversation, model, **kwargs):
+def start(conversation, model, *, knobs: dict | None = None, **kwargs):
     # The Agent does not manage the run row (the run service does); any row will do.
     kwargs.setdefault("run", make_run(conversation, status="done"))
-    kwargs.setdefault("poll", 30)
     return AgentDriver.start(
-        conversation=conversation, model=model, user=conversation.owner, **kwargs
+        conversation=conversation,
+        model=model,
+        user=conversation.owner,
+        knobs={"poll": 30, **(knobs or {})},
+        **kwargs,
     )
 
 
@@ -45,34 +49,32 @@ def last_tool_message(conversation) -> Message:
 def test_allow_runs_the_tool_exactly_once(conversation, alice, settings):
     model = ScriptedModel([("Let me run it.", [call("python", APPEND)]), ("Done.", [])])
     driver = start(conversation, model)
-    start_event = driver.wait_for("tool_start")
-    assert start_event.data["awaiting_confirmation"] is True
+    start_event = driver.wait_for(ToolStarted)
+    assert start_event.awaiting is True
     assert runs_file_lines(settings, conversation) == 0  # nothing runs before the decision
-    approval_decide(approval_id=start_event.data["approval_id"], user=alice, decision="allow")
-    end = driver.wait_for("tool_end")
-    assert end.data["result"].strip() == "appended"
+    approval_decide(approval_id=start_event.approval_id, user=alice, decision="allow")
+    end = driver.wait_for(ToolFinished)
+    assert end.result.strip() == "appended"
     driver.finish()
-    assert driver.kinds()[-1] == "done"
+    assert isinstance(driver.seen[-1], Done)
     assert runs_file_lines(settings, conversation) == 1
     # The model's second turn saw the tool result.
     assert model.seen[1][-1] == {
         "role": "tool",
-        "tool_call_id": start_event.data["tool_call_id"],
-        "content": end.data["result"],
+        "tool_call_id": start_event.call.call_id,
+        "content": end.result,
     }
 
 
 def test_deny_skips_the_tool_and_feeds_the_rejection(conversation, alice, settings):
     model = ScriptedModel([("", [call("python", APPEND)]), ("OK, I won't.", [])])
     driver = start(conversation, model)
-    event = driver.wait_for("tool_start")
-    approval_decide(
-        approval_id=event.data["approval_id"], user=alice, decision="deny", note="not today"
-    )
-    end = driver.wait_for("tool_end")
+    event = driver.wait_for(ToolStarted)
+    approval_decide(approval_id=event.approval_id, user=alice, decision="deny", note="not today")
+    end = driver.wait_for(ToolFinished)
     driver.finish()
-    assert end.data["result"] == f"{REJECTION_TEXT} The user said: not today"
-    assert model.seen[1][-1]["content"] == end.data["result"]
+    assert end.result == f"{REJECTION_TEXT} The user said: not today"
+    assert model.seen[1][-1]["content"] == end.result
     assert runs_file_lines(settings, conversation) == 0
 
 
@@ -80,8 +82,8 @@ def test_disabled_tool_is_not_prompted_and_makes_no_row(conversation):
     model = ScriptedModel([("", [call("python", APPEND)]), ("Fine.", [])])
     driver = start(conversation, model, enabled_tools=["terminal"])
     driver.finish()
-    assert "tool_start" not in driver.kinds()
-    result = driver.of("tool_end")[0].data["result"]
+    assert not driver.of(ToolStarted)
+    result = driver.of(ToolFinished)[0].result
     assert result.startswith("Error: tool 'python' is not enabled for this request.")
     assert not ToolApproval.objects.exists()
 
@@ -104,7 +106,7 @@ def test_unknown_tool_and_bad_arguments_are_not_prompted(conversation):
     )
     driver = start(conversation, model)
     driver.finish()
-    results = [e.data["result"] for e in driver.of("tool_end")]
+    results = [e.result for e in driver.of(ToolFinished)]
     assert results[0].startswith("Error: tool 'rm_rf' is not enabled")
     assert results[1].startswith("Error: the arguments of this python call are not valid JSON")
     assert results[2] == "Error: missing required argument 'code'."
@@ -121,11 +123,11 @@ def test_duplicate_is_not_prompted(conversation, alice, settings):
     )
     driver = start(conversation, model)
     approval_decide(
-        approval_id=driver.wait_for("tool_start").data["approval_id"], user=alice, decision="allow"
+        approval_id=driver.wait_for(ToolStarted).approval_id, user=alice, decision="allow"
     )
     driver.finish()
-    assert len(driver.of("tool_start")) == 1
-    assert driver.of("tool_end")[1].data["result"] == DUPLICATE_TEXT
+    assert len(driver.of(ToolStarted)) == 1
+    assert driver.of(ToolFinished)[1].result == DUPLICATE_TEXT
     assert ToolApproval.objects.count() == 1
     assert runs_file_lines(settings, conversation) == 1
 
@@ -139,11 +141,11 @@ def test_denied_call_reissued_then_allowed_runs_once(conversation, alice, settin
         ]
     )
     driver = start(conversation, model)
-    first = driver.wait_for("tool_start")
-    approval_decide(approval_id=first.data["approval_id"], user=alice, decision="deny")
-    second = driver.wait_for("tool_start")  # prompted again: a deny is not "already ran"
-    assert second.data["approval_id"] != first.data["approval_id"]
-    approval_decide(approval_id=second.data["approval_id"], user=alice, decision="allow")
+    first = driver.wait_for(ToolStarted)
+    approval_decide(approval_id=first.approval_id, user=alice, decision="deny")
+    second = driver.wait_for(ToolStarted)  # prompted again: a deny is not "already ran"
+    assert second.approval_id != first.approval_id
+    approval_decide(approval_id=second.approval_id, user=alice, decision="allow")
     driver.finish()
     assert runs_file_lines(settings, conversation) == 1
     statuses = list(ToolApproval.objects.order_by("requested_at").values_list("status", flat=True))
@@ -163,7 +165,7 @@ def test_errored_call_does_not_count_as_already_ran(conversation):
     )
     driver = start(conversation, model)
     driver.finish()
-    results = [e.data["result"] for e in driver.of("tool_end")]
+    results = [e.result for e in driver.of(ToolFinished)]
     assert all(r.startswith("Error: exited with status 3") for r in results)
 
 
@@ -172,8 +174,8 @@ def test_grant_runs_without_prompt_and_records_an_always_allow_row(conversation,
     model = ScriptedModel([("", [call("python", APPEND)]), ("Done.", [])])
     driver = start(conversation, model)
     driver.finish()
-    start_event = driver.of("tool_start")[0]
-    assert start_event.data["awaiting_confirmation"] is False
+    start_event = driver.of(ToolStarted)[0]
+    assert start_event.awaiting is False
     row = ToolApproval.objects.get()
     assert (row.status, row.reason) == ("allowed", "always_allow")
     assert runs_file_lines(settings, conversation) == 1
@@ -183,9 +185,9 @@ def test_grant_is_for_one_tool_only(conversation, alice):
     ToolGrant.objects.create(conversation=conversation, tool_name="terminal", granted_by=alice)
     model = ScriptedModel([("", [call("python", APPEND)]), ("Done.", [])])
     driver = start(conversation, model)
-    event = driver.wait_for("tool_start")
-    assert event.data["awaiting_confirmation"] is True
-    approval_decide(approval_id=event.data["approval_id"], user=alice, decision="deny")
+    event = driver.wait_for(ToolStarted)
+    assert event.awaiting is True
+    approval_decide(approval_id=event.approval_id, user=alice, decision="deny")
     driver.finish()
 
 
@@ -203,29 +205,29 @@ def test_confirmation_off_runs_without_prompt_and_still_records(conversation, se
 def test_cancel_while_waiting_ends_the_run_without_running(conversation, settings):
     model = ScriptedModel([("", [call("python", APPEND)])])
     driver = start(conversation, model)
-    event = driver.wait_for("tool_start")
+    event = driver.wait_for(ToolStarted)
     driver.agent.cancel.cancel()
     driver.finish()
-    assert driver.kinds()[-1] == "done" and driver.seen[-1].data["cancelled"] is True
-    row = ToolApproval.objects.get(approval_id=event.data["approval_id"])
+    assert driver.seen[-1] == Done(cancelled=True)
+    row = ToolApproval.objects.get(approval_id=event.approval_id)
     assert (row.status, row.reason) == ("denied", "cancelled")
     assert runs_file_lines(settings, conversation) == 0
     assert len(model.seen) == 1  # the model was not asked again
 
 
 def test_closing_the_generator_cancels_the_pending_row_and_slot(conversation, gate):
-    model = ScriptedModel([("", [call("python", APPEND)])])
     from chat.agent import Agent
     from studio.cancel import CancelToken
 
+    model = ScriptedModel([("", [call("python", APPEND)])])
     agent = Agent(
         conversation=conversation, model=model, cancel=CancelToken(), run=make_run(conversation)
     )
     events = agent.events()
     for event in events:
-        if event.kind == "tool_start":
+        if isinstance(event, ToolStarted):
             break
-    approval_id = event.data["approval_id"]
+    approval_id = event.approval_id
     assert gate.has(approval_id)  # announced, never waited on
     events.close()
     assert not gate.has(approval_id)
@@ -235,9 +237,9 @@ def test_closing_the_generator_cancels_the_pending_row_and_slot(conversation, ga
 
 def test_timeout_is_reported_and_the_run_goes_on(conversation, settings):
     model = ScriptedModel([("", [call("python", APPEND)]), ("Nobody answered.", [])])
-    driver = start(conversation, model, approval_timeout=0.2)
+    driver = start(conversation, model, knobs={"approval_timeout": 0.2})
     driver.finish()
-    assert driver.of("tool_end")[0].data["result"].startswith("Error: nobody decided")
+    assert driver.of(ToolFinished)[0].result.startswith("Error: nobody decided")
     assert ToolApproval.objects.get().reason == "timeout"
     assert runs_file_lines(settings, conversation) == 0
 
@@ -250,10 +252,10 @@ def test_iteration_cap(conversation):
         [lambda messages: ("", [call("python", {"code": f"print({next(counter)})"})])],
         repeat_last=True,
     )
-    driver = start(conversation, model, max_iterations=3)
+    driver = start(conversation, model, knobs={"max_iterations": 3})
     driver.finish()
-    assert driver.kinds()[-1] == "error"
-    assert "limit of 3 rounds" in driver.seen[-1].data["text"]
+    assert isinstance(driver.seen[-1], Failed)
+    assert "limit of 3 rounds" in driver.seen[-1].text
     assert ToolApproval.objects.count() == 3
     assert len(model.seen) == 4
 
@@ -263,8 +265,8 @@ def test_model_error_is_shown_and_history_kept(conversation):
     model = ScriptedModel([failing("Could not reach the model server")])
     driver = start(conversation, model)
     driver.finish()
-    assert driver.seen[-1].kind == "error"
-    assert "Could not reach" in driver.seen[-1].data["text"]
+    assert isinstance(driver.seen[-1], Failed)
+    assert "Could not reach" in driver.seen[-1].text
     roles = list(conversation.messages.values_list("role", flat=True))
     assert roles == ["user", "error"]
 

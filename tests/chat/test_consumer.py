@@ -13,9 +13,9 @@ from django.test import Client
 
 from approvals.models import ToolApproval
 from approvals.services import approval_decide
-from chat import runs
 from chat.models import Message, Run
 from studio.asgi import application
+from studio.runtime import replace_runtime, restore_runtime, runtime
 from tests.factories import make_conversation
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.anydb]
@@ -86,14 +86,14 @@ async def wait_for(predicate, timeout: float = BOUND) -> None:
 @pytest.fixture(autouse=True)
 async def no_runs_left():
     yield
-    # Stop whatever a failed test left running, and wait for the threads.
-    for local in runs.local_runs().values():
+    # Stop whatever a failed test left running, and wait for it to end.
+    for local in runtime().local_runs().values():
         local.cancel.cancel()
     for _ in range(200):
-        if not runs.local_runs():
+        if not runtime().local_runs():
             break
         await asyncio.sleep(0.05)
-    assert not runs.local_runs(), "a run outlived its test"
+    assert not runtime().local_runs(), "a run outlived its test"
 
 
 async def send(comm, **data) -> None:
@@ -262,23 +262,57 @@ async def test_tool_call_card_then_decision_then_result(conversation, alice):
     await comm.disconnect()
 
 
-async def test_pool_full_tells_the_user(conversation, alice, settings):
-    settings.STUDIO_AGENT_WORKERS = 1
-    comm, _, _ = await open_socket(conversation.pk, alice)
-    await comm.receive_from(timeout=BOUND)
-    await send(comm, message="run python: print(1)")
-    await receive_until(comm, 'data-status="pending"')  # parked: holds the only worker
-    other = await sync_to_async(make_conversation)(alice)
-    comm2, _, _ = await open_socket(other.pk, alice)
-    await comm2.receive_from(timeout=BOUND)
-    await send(comm2, message="hello")
-    frames = await receive_until(comm2, "composer-state")
-    assert "server is busy" in frames and 'data-state="refused"' in frames
-    assert not await sync_to_async(other.messages.exists)()
-    await send(comm, action="stop")
-    await receive_until(comm, 'data-running="false"')
-    await comm.disconnect()
-    await comm2.disconnect()
+async def test_parked_runs_hold_no_worker_and_a_pool_of_one_serves_a_new_chat(alice):
+    """Runs waiting for a decision cost no thread: 100 of them, and one worker,
+    and a new conversation still gets its answer; then all 100 finish."""
+    from tests.helpers.scripted import ScriptedModel  # noqa: F401 - the demo model is enough
+
+    rt = runtime()
+    old = rt
+    rt = replace_runtime(agent_workers=1)
+    try:
+        conversations = await sync_to_async(
+            lambda: [make_conversation(alice) for _ in range(100)]
+        )()
+        sockets = []
+        for c in conversations:
+            comm, _, _ = await open_socket(c.pk, alice)
+            await comm.receive_from(timeout=BOUND)
+            await send(comm, message=f"run python: print({c.pk})")
+            sockets.append(comm)
+        for comm in sockets:
+            await receive_until(comm, 'data-status="pending"')
+        assert len(rt.local_runs()) == 100
+        assert rt.working_runs() == 0 and rt.agent_pool.busy == 0
+        # A new chat on the one worker while 100 wait: answered.
+        other = await sync_to_async(make_conversation)(alice)
+        comm, _, _ = await open_socket(other.pk, alice)
+        await comm.receive_from(timeout=BOUND)
+        await send(comm, message="hello")
+        frames = await receive_until(comm, 'data-running="false"')
+        assert 'data-state="accepted"' in frames and "demo model" in frames
+        await comm.disconnect()
+        # Every parked run resumes with its own result.
+        pending = await sync_to_async(
+            lambda: list(ToolApproval.objects.pending().values_list("approval_id", flat=True))
+        )()
+        assert len(pending) == 100
+        for approval_id in pending:
+            await sync_to_async(approval_decide)(
+                approval_id=approval_id, user=alice, decision="allow"
+            )
+        for c, comm in zip(conversations, sockets, strict=True):
+            frames = await receive_until(comm, 'data-running="false"', timeout=60)
+            assert re.search(rf'<pre class="output">{c.pk}\s*</pre>', frames)
+            await comm.disconnect()
+    finally:
+        for local in rt.local_runs().values():
+            local.cancel.cancel()
+        for _ in range(200):
+            if not rt.local_runs():
+                break
+            await asyncio.sleep(0.05)
+        restore_runtime(old)
 
 
 async def test_second_message_during_a_run_is_refused(conversation, alice):
@@ -302,7 +336,7 @@ async def test_run_continues_after_the_socket_closes(conversation, alice):
     frames = await receive_until(comm, 'data-status="pending"')
     approval_id = APPROVAL_ID.findall(frames)[-1]
     await comm.disconnect()
-    assert runs.local_runs()  # still running without any socket
+    assert runtime().local_runs()  # still running without any socket
     await sync_to_async(approval_decide)(approval_id=approval_id, user=alice, decision="allow")
     await wait_for(lambda: Run.objects.filter(conversation=conversation, status="done").exists())
     result = await sync_to_async(lambda: conversation.messages.filter(role="tool").get().content)()

@@ -31,14 +31,25 @@ def workspace(workspace_root, request):
 
 
 def python(code: str, workspace, *, timeout: float = TIMEOUT, cancel=None) -> str:
-    return REGISTRY["python"].execute(
-        {"code": code}, cancel=cancel or CancelToken(), timeout=timeout, workspace=workspace
+    return (
+        REGISTRY["python"]
+        .execute(
+            {"code": code}, cancel=cancel or CancelToken(), timeout=timeout, workspace=workspace
+        )
+        .text
     )
 
 
 def terminal(command: str, workspace, *, timeout: float = TIMEOUT, cancel=None) -> str:
-    return REGISTRY["terminal"].execute(
-        {"command": command}, cancel=cancel or CancelToken(), timeout=timeout, workspace=workspace
+    return (
+        REGISTRY["terminal"]
+        .execute(
+            {"command": command},
+            cancel=cancel or CancelToken(),
+            timeout=timeout,
+            workspace=workspace,
+        )
+        .text
     )
 
 

@@ -23,14 +23,20 @@ def workspace(workspace_root, request):
 
 
 def python(code: str, workspace, timeout: float = TIMEOUT, cancel=None) -> str:
-    return REGISTRY["python"].execute(
-        {"code": code}, cancel=cancel or CancelToken(), timeout=timeout, workspace=workspace
+    return (
+        REGISTRY["python"]
+        .execute(
+            {"code": code}, cancel=cancel or CancelToken(), timeout=timeout, workspace=workspace
+        )
+        .text
     )
 
 
 def terminal(command: str, workspace, timeout: float = TIMEOUT) -> str:
-    return REGISTRY["terminal"].execute(
-        {"command": command}, cancel=CancelToken(), timeout=timeout, workspace=workspace
+    return (
+        REGISTRY["terminal"]
+        .execute({"command": command}, cancel=CancelToken(), timeout=timeout, workspace=workspace)
+        .text
     )
 
 
@@ -77,8 +83,10 @@ def test_file_size_limit(workspace):
 
 
 def fetch(url: str) -> str:
-    return REGISTRY["web_fetch"].execute(
-        {"url": url}, cancel=CancelToken(), timeout=5, workspace=None
+    return (
+        REGISTRY["web_fetch"]
+        .execute({"url": url}, cancel=CancelToken(), timeout=5, workspace=None)
+        .text
     )
 
 
@@ -186,8 +194,10 @@ def test_an_allowed_host_is_allowed_on_its_own_port_only(settings, site):
 
 def test_a_dripping_server_cannot_hold_the_call_past_its_deadline(site):
     started = time.monotonic()
-    out = REGISTRY["web_fetch"].execute(
-        {"url": site + "/drip"}, cancel=CancelToken(), timeout=1.5, workspace=None
+    out = (
+        REGISTRY["web_fetch"]
+        .execute({"url": site + "/drip"}, cancel=CancelToken(), timeout=1.5, workspace=None)
+        .text
     )
     assert out == f"Error: {site}/drip did not finish within 1.5 s."
     assert time.monotonic() - started < 4
@@ -197,8 +207,10 @@ def test_stop_ends_a_download_at_once(site):
     cancel = CancelToken()
     threading.Timer(0.5, cancel.cancel).start()
     started = time.monotonic()
-    out = REGISTRY["web_fetch"].execute(
-        {"url": site + "/drip"}, cancel=cancel, timeout=20, workspace=None
+    out = (
+        REGISTRY["web_fetch"]
+        .execute({"url": site + "/drip"}, cancel=cancel, timeout=20, workspace=None)
+        .text
     )
     assert out == "Error: stopped by the user."
     assert time.monotonic() - started < 3

@@ -1,13 +1,20 @@
-"""Drive an Agent in a worker thread, as the consumer does, and watch its events."""
+"""Drive an Agent on a thread of its own and watch its events.
+
+The engine parks a run on the event loop; here a ``Park`` simply blocks this
+test thread on the slot (or Stop, or the deadline), which is the same
+contract as far as the agent is concerned.
+"""
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 
 from django.db import connections
 
-from chat.agent import Agent
+from chat import events
+from chat.agent import Agent, AgentSettings
 from studio.cancel import CancelToken
 
 BOUND = 20.0
@@ -19,12 +26,14 @@ class AgentDriver:
         self.agent = agent
         self.events: queue.Queue = queue.Queue()
         self.seen: list = []
+        self.parks = 0
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     @classmethod
-    def start(cls, **agent_kwargs) -> AgentDriver:
+    def start(cls, *, knobs: dict | None = None, **agent_kwargs) -> AgentDriver:
         agent_kwargs.setdefault("cancel", CancelToken())
+        agent_kwargs["knobs"] = AgentSettings.from_django(**(knobs or {}))
         driver = cls(Agent(**agent_kwargs))
         driver.thread.start()
         return driver
@@ -32,6 +41,14 @@ class AgentDriver:
     def _run(self) -> None:
         try:
             for event in self.agent.events():
+                if isinstance(event, events.Park):
+                    self.parks += 1
+                    unsubscribe = self.agent.cancel.subscribe(event.slot.wake)
+                    try:
+                        event.slot.wait(max(0.0, min(event.deadline - time.monotonic(), 30)))
+                    finally:
+                        unsubscribe()
+                    continue
                 self.events.put(event)
         except BaseException as exc:
             self.error = exc
@@ -39,14 +56,14 @@ class AgentDriver:
             connections.close_all()
             self.events.put(_END)
 
-    def wait_for(self, kind: str, timeout: float = BOUND):
+    def wait_for(self, kind: type, timeout: float = BOUND):
         """The next event of ``kind`` (earlier events are kept in ``seen``)."""
         while True:
             event = self.events.get(timeout=timeout)
             if event is _END:
-                raise AssertionError(f"run ended before a {kind!r} event; saw {self.kinds()}")
+                raise AssertionError(f"run ended before a {kind.__name__}; saw {self.kinds()}")
             self.seen.append(event)
-            if event.kind == kind:
+            if isinstance(event, kind):
                 return event
 
     def finish(self, timeout: float = BOUND) -> list:
@@ -62,7 +79,7 @@ class AgentDriver:
         return self.seen
 
     def kinds(self) -> list[str]:
-        return [e.kind for e in self.seen]
+        return [type(e).__name__ for e in self.seen]
 
-    def of(self, kind: str) -> list:
-        return [e for e in self.seen if e.kind == kind]
+    def of(self, kind: type) -> list:
+        return [e for e in self.seen if isinstance(e, kind)]

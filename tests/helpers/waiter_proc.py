@@ -1,8 +1,9 @@
 """Child process: park a run's waiter, the way a daphne process does.
 
 Usage: waiter_proc.py CONVERSATION_ID POLL_SECONDS TIMEOUT_SECONDS
-Creates this process's inbox on its event loop, requests an approval from a
-worker thread, prints {"approval_id", "inbox"}, waits, prints the outcome.
+Starts this process's runtime (its inbox and poller) on an event loop,
+requests an approval, prints {"approval_id", "inbox"}, parks without a
+thread until the row is decided, then prints the outcome.
 """
 
 from __future__ import annotations
@@ -10,49 +11,59 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import time
 
 import django
 
 django.setup()
 
-from asgiref.sync import sync_to_async  # noqa: E402
-from django.db import connections  # noqa: E402
-
-from approvals.inbox import ensure_inbox, stop_inbox  # noqa: E402
-from approvals.services import approval_request, approval_wait  # noqa: E402
+from approvals.services import approval_check, approval_request  # noqa: E402
 from chat.models import Conversation  # noqa: E402
+from studio.cancel import CancelToken  # noqa: E402
+from studio.runtime import runtime  # noqa: E402
 
 
-def run(conversation_id: int, poll: float, timeout: float) -> dict:
-    try:
-        conversation = Conversation.objects.get(pk=conversation_id)
-        approval, slot = approval_request(
-            conversation=conversation,
-            tool_name="python",
-            arguments={"code": "print('hi')"},
-            requested_by=conversation.owner,
-            run_id="child-run",
-        )
-        print(
-            json.dumps({"approval_id": approval.approval_id, "inbox": approval.waiter_inbox}),
-            flush=True,
-        )
-        outcome = approval_wait(slot=slot, poll=poll, timeout=timeout)
-        return {"status": outcome.status, "reason": outcome.reason}
-    finally:
-        connections.close_all()
+def request(conversation_id: int):
+    conversation = Conversation.objects.get(pk=conversation_id)
+    return approval_request(
+        conversation=conversation,
+        tool_name="python",
+        arguments={"code": "print('hi')"},
+        requested_by=conversation.owner,
+        run_id="child-run",
+    )
+
+
+def resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def main() -> None:
-    conversation_id, poll, timeout = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-    await ensure_inbox()
-    pool = ThreadPoolExecutor(max_workers=1)
-    result = await sync_to_async(run, thread_sensitive=False, executor=pool)(
-        conversation_id, poll, timeout
-    )
-    print(json.dumps(result), flush=True)
-    await stop_inbox()
+    # (The poll interval reaches this process as STUDIO_APPROVAL_POLL_SECONDS.)
+    conversation_id, timeout = int(sys.argv[1]), float(sys.argv[3])
+    rt = runtime()
+    await rt.start()
+    approval, slot = await rt.off_loop(request, conversation_id)
+    print(json.dumps({"approval_id": approval.approval_id, "inbox": approval.waiter_inbox}))
+    sys.stdout.flush()
+    deadline = time.monotonic() + timeout
+    loop = asyncio.get_running_loop()
+    slot.waiting = True
+    while True:
+        outcome = await rt.off_loop(
+            approval_check, slot=slot, cancel=CancelToken(), deadline=deadline
+        )
+        if outcome is not None:
+            break
+        woken = loop.create_future()
+        slot.on_wake(lambda woken=woken: loop.call_soon_threadsafe(resolve, woken))
+        try:
+            await asyncio.wait_for(woken, max(0.01, deadline - time.monotonic()))
+        except TimeoutError:
+            pass
+    print(json.dumps({"status": outcome.status, "reason": outcome.reason}), flush=True)
+    await rt.stop()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import ToolApproval
-from chat.services import run_retire_stale
+from approvals.services import approvals_expire_stale
+from approvals.signals import purge_requested
 
 
 class Command(BaseCommand):
@@ -16,7 +17,8 @@ class Command(BaseCommand):
         "Expire pending tool approvals whose waiter can no longer be alive (marked "
         "denied, reason 'expired') and delete decided approvals older than --older-than "
         "days. Pending approvals of runs whose server process died (stale heartbeat) "
-        "are expired at once. Safe to run repeatedly, e.g. from cron."
+        "are expired at once. Open tabs see expired cards change. Safe to run "
+        "repeatedly, e.g. from cron."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -59,40 +61,28 @@ class Command(BaseCommand):
             if expire_pending_older_than is None
             else expire_pending_older_than
         )
-        stale = ToolApproval.objects.stale(before=now - timedelta(seconds=pending_age))
         old = ToolApproval.objects.decided_before(before=now - timedelta(days=older_than))
-
-        if dry_run:
-            dead_runs, orphaned = run_retire_stale(dry_run=True)
-            expire_count, delete_count = stale.count(), old.count()
-            verb = "Would expire"
-        else:
-            with transaction.atomic():
-                dead_runs, orphaned = run_retire_stale()
-                # One UPDATE and one DELETE, whatever the number of rows. Rows
-                # expired now are fresh (decided_at=now), so the delete below
-                # never takes them in the same run.
-                expire_count = stale.update(
-                    status=ToolApproval.Status.DENIED,
-                    reason=ToolApproval.Reason.EXPIRED,
-                    decided_at=now,
-                )
-                delete_count, _ = old.delete()
-            verb = "Expired"
-        if verbosity >= 1 and dead_runs:
-            self.stdout.write(
-                self.style.NOTICE(
-                    f"{'Would retire' if dry_run else 'Retired'} {dead_runs} run(s) of dead "
-                    f"server processes with {orphaned} pending approval(s)."
-                )
+        report: list[str] = []
+        with transaction.atomic():
+            # Other apps' part first (chat: runs of dead processes).
+            purge_requested.send(sender=self.__class__, dry_run=dry_run, report=report)
+            # Rows expired now are fresh (decided_at=now), so the delete below
+            # never takes them in the same run.
+            expired = approvals_expire_stale(
+                before=now - timedelta(seconds=pending_age), dry_run=dry_run
             )
+            deleted = old.count() if dry_run else old.delete()[0]
         if verbosity >= 1:
+            for line in report:
+                self.stdout.write(self.style.NOTICE(line))
             style = self.style.NOTICE if dry_run else self.style.SUCCESS
-            deleted = "would delete" if dry_run else "deleted"
+            verb, deleted_verb = (
+                ("Would expire", "would delete") if dry_run else ("Expired", "deleted")
+            )
             self.stdout.write(
                 style(
-                    f"{verb} {expire_count} pending approval(s) older than {pending_age:g} s; "
-                    f"{deleted} {delete_count} decided approval(s) "
+                    f"{verb} {expired} pending approval(s) older than {pending_age:g} s; "
+                    f"{deleted_verb} {deleted} decided approval(s) "
                     f"older than {older_than:g} day(s)."
                 )
             )

@@ -1,0 +1,99 @@
+"""The chat as people see it: the read model the page, the socket and the runs render.
+
+Services write rows; this module only reads them (and the values runs
+announce) into small view objects for the templates in ``chat/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from approvals.models import ToolApproval
+from chat.models import Conversation, Message
+
+
+@dataclass
+class MessageView:
+    """What ``chat/_message.html`` shows of a message (a row or a run's event)."""
+
+    pk: int
+    role: str
+    content: str
+    created_at: datetime
+    is_error: bool = False
+
+    @classmethod
+    def of(cls, message: Message) -> MessageView:
+        return cls(
+            pk=message.pk,
+            role=message.role,
+            content=message.content,
+            created_at=message.created_at,
+            is_error=message.is_error,
+        )
+
+
+@dataclass
+class ToolBlock:
+    message_id: int
+    call_id: str
+    name: str
+    arguments: dict
+    approval: ToolApproval | None = None
+    result: MessageView | None = None
+
+    @property
+    def dom_id(self) -> str:
+        return tool_dom_id(self.message_id, self.call_id)
+
+
+@dataclass
+class Item:
+    message: MessageView
+    tools: list[ToolBlock] = field(default_factory=list)
+
+
+def tool_dom_id(message_id: int, call_id: str) -> str:
+    safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in call_id)[:80]
+    return f"tool-{message_id}-{safe}"
+
+
+def blocks_for(message_id: int, tool_calls: list[dict]) -> list[ToolBlock]:
+    return [
+        ToolBlock(
+            message_id=message_id,
+            call_id=c["id"],
+            name=c["name"],
+            arguments=c.get("arguments") or {},
+        )
+        for c in tool_calls
+    ]
+
+
+def transcript_items(conversation: Conversation, *, limit: int = 500) -> list[Item]:
+    """Messages in order, each assistant turn with its tool calls, approvals and results."""
+    messages = list(conversation.messages.order_by("-created_at", "-id")[:limit])
+    messages.reverse()
+    approvals = {
+        (a.run_id, a.tool_call_id): a
+        for a in ToolApproval.objects.filter(conversation=conversation)
+        .select_related("decided_by")
+        .order_by("requested_at")
+    }
+    items: list[Item] = []
+    blocks: dict[str, ToolBlock] = {}
+    for m in messages:
+        if m.role == Message.Role.TOOL:
+            block = blocks.get(m.tool_call_id)
+            if block is not None:
+                block.result = MessageView.of(m)
+            continue
+        item = Item(message=MessageView.of(m))
+        if m.role == Message.Role.ASSISTANT:
+            for block in blocks_for(m.pk, m.tool_calls):
+                block.approval = approvals.get((str(m.run_id or ""), block.call_id))
+                blocks[block.call_id] = block
+                item.tools.append(block)
+        items.append(item)
+    return items

@@ -1,0 +1,370 @@
+"""Agent runs: stepped on worker threads, parked on the event loop.
+
+A run belongs to its conversation, not to a socket: closing a tab does not
+stop it, and its pending approvals stay decidable from any tab or process.
+
+The agent loop is plain synchronous code (``chat.agent``). A *step* runs it
+on an ``agent_pool`` thread until it either ends or yields ``Park`` (a call
+waits for a decision). Then the thread is given back: the run is a
+coroutine waiting on the slot's wake, on Stop or on its deadline, costing
+memory only. ``STUDIO_AGENT_WORKERS`` bounds runs that are *working*; any
+number may wait.
+
+The run's events become HTML fragments in the step's thread and go to the
+conversation's group through the runtime's outbox (ordered, never blocking),
+so every tab in every process sees them. Stop reaches the run wherever it
+lives: directly here, or through the hosting process's inbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from approvals.services import poll_wait
+from chat import events, render
+from chat.agent import Agent
+from chat.display import MessageView
+from chat.llm import get_model
+from chat.models import Conversation, Message, Run
+from chat.services import RunBusy, run_create, run_finish, run_heartbeat
+from studio.runtime import LocalRun, Runtime, release_connection, runtime
+
+logger = logging.getLogger(__name__)
+
+FLUSH_SECONDS = 0.05
+# How long shutdown waits for runs to record that they were cancelled.
+SHUTDOWN_SECONDS = 3.0
+
+REFUSALS = {
+    "running": "The agent is still working on your previous message. "
+    "Wait for it to finish, or press Stop. Your message was not sent.",
+    "empty": "Type a message first.",
+    "gone": "This conversation no longer exists.",
+    "down": "The server is shutting down; your message was not sent. Try again in a moment.",
+}
+
+
+@dataclass(frozen=True)
+class Launch:
+    ok: bool
+    reason: str = ""  # a key of REFUSALS
+    run_id: str = ""
+
+    @property
+    def refusal(self) -> str:
+        return REFUSALS.get(self.reason, "")
+
+
+# --- starting and stopping ------------------------------------------------------------
+
+
+def run_launch(*, conversation_id: int, user, text: str) -> Launch:
+    """Save the user's message and start a run for it (blocking: call off the loop)."""
+    if not text.strip():
+        return Launch(ok=False, reason="empty")
+    rt = runtime()
+    if rt.loop is None or not rt.loop.is_running():
+        return Launch(ok=False, reason="down")
+    local = LocalRun(run_id=str(uuid.uuid4()), conversation_id=conversation_id)
+    # Live before its row exists: a send racing this one in another tab must
+    # see this run as alive, never as a dead one to retire.
+    with rt.lock:
+        rt.runs[local.run_id] = local
+    try:
+        run_create(
+            run_id=local.run_id,
+            conversation_id=conversation_id,
+            user=user,
+            text=text,
+            inbox=rt.inbox.name,
+            # Without Redis there is one process: a running run it does not
+            # host died with a previous server (restart, crash).
+            is_dead=None if settings.REDIS_URL else (lambda run_id: run_id not in rt.local_runs()),
+        )
+    except (RunBusy, Conversation.DoesNotExist) as exc:
+        with rt.lock:
+            rt.runs.pop(local.run_id, None)
+        return Launch(ok=False, reason="running" if isinstance(exc, RunBusy) else "gone")
+    if not rt.call_soon(_start_driving, rt, local):
+        local.cancel.cancel()
+        with rt.lock:
+            rt.runs.pop(local.run_id, None)
+        run_finish(run_id=local.run_id, status=Run.Status.CANCELLED, error="server shutting down")
+        return Launch(ok=False, reason="down")
+    return Launch(ok=True, run_id=local.run_id)
+
+
+def run_stop(*, conversation_id: int, user) -> bool:
+    """Stop the conversation's running run, in this process or another."""
+    run = (
+        Run.objects.running()
+        .filter(conversation_id=conversation_id, conversation__owner=user)
+        .only("id", "inbox")
+        .first()
+    )
+    if run is None:
+        return False
+    rt = runtime()
+    local = rt.local_runs().get(str(run.pk))
+    if local is not None:
+        local.cancel.cancel()
+        return True
+    if run.inbox and run.inbox != rt.inbox.name:
+        rt.outbox.channel(run.inbox, {"type": "run.cancel", "run_id": str(run.pk)})
+        return True
+    return False
+
+
+def cancel_from_message(message: dict) -> None:
+    """Inbox handler for ``run.cancel`` sent by the process where Stop was pressed."""
+    local = runtime().local_runs().get(str(message.get("run_id", "")))
+    if local is not None:
+        local.cancel.cancel()
+
+
+# --- driving ------------------------------------------------------------------------------
+
+
+def _start_driving(rt: Runtime, local: LocalRun) -> None:
+    local.task = asyncio.get_running_loop().create_task(drive(rt, local))
+
+
+async def drive(rt: Runtime, local: LocalRun) -> None:
+    """The life of one run: steps on the agent pool, parks in between."""
+    stepper = Stepper(local)
+    step = sync_to_async(stepper.step, thread_sensitive=False, executor=rt.agent_pool)
+    try:
+        while (park := await step()) is not None:
+            local.parked = True
+            try:
+                await _parked(park, local)
+            finally:
+                local.parked = False
+    except Exception:
+        logger.exception("run %s: driver failed", local.run_id)
+    finally:
+        with rt.lock:
+            rt.runs.pop(local.run_id, None)
+
+
+async def _parked(park: events.Park, local: LocalRun) -> None:
+    """Hold no thread until the call is decided, Stop is pressed or time is up."""
+    loop = asyncio.get_running_loop()
+    woken = loop.create_future()
+
+    def wake() -> None:  # from any thread: the decision's, the poller's, Stop's
+        loop.call_soon_threadsafe(_resolve, woken)
+
+    unsubscribe_slot = park.slot.on_wake(wake)
+    unsubscribe_cancel = local.cancel.subscribe(wake)
+    park.slot.waiting = True
+    try:
+        wait = min(
+            park.deadline - time.monotonic(), poll_wait(settings.STUDIO_APPROVAL_POLL_SECONDS)
+        )
+        if wait > 0:
+            try:
+                await asyncio.wait_for(woken, wait)
+            except TimeoutError:
+                pass  # the next step looks at the row itself
+    finally:
+        park.slot.waiting = False
+        unsubscribe_slot()
+        unsubscribe_cancel()
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Stepper:
+    """Steps one run's agent on worker threads; publishes its events as fragments."""
+
+    def __init__(self, local: LocalRun) -> None:
+        self.local = local
+        self.agent_events = None
+        self.publisher: Publisher | None = None
+        self.status, self.error = Run.Status.DONE, ""
+
+    def step(self) -> events.Park | None:
+        """Run until the agent parks (returns the ``Park``) or the run ends (None)."""
+        close_old_connections()
+        try:
+            if self.agent_events is None:
+                self._begin()
+            while True:
+                event = next(self.agent_events)
+                if isinstance(event, events.Park):
+                    self.publisher.flush()
+                    return event
+                self._track(event)
+                self.publisher.event(event)
+        except StopIteration:
+            self._end()
+            return None
+        except Exception as exc:
+            logger.exception("run %s failed", self.local.run_id)
+            self.status, self.error = Run.Status.ERROR, f"{type(exc).__name__}: {exc}"
+            self._report_crash()
+            self._end()
+            return None
+        finally:
+            release_connection()
+
+    def _begin(self) -> None:
+        run = Run.objects.select_related("conversation", "started_by").get(pk=self.local.run_id)
+        conversation = run.conversation
+        self.publisher = Publisher(conversation, run)
+        user_message = Message.objects.filter(run=run, role=Message.Role.USER).last()
+        if user_message is not None:
+            self.publisher.send(render.appended(render.message(MessageView.of(user_message))))
+        self.publisher.send(render.run_controls(running=True, conversation_id=conversation.pk))
+        # The first message names the conversation; every open tab shows it.
+        self.publisher.send(render.title(conversation.title))
+        agent = Agent(
+            conversation=conversation,
+            model=get_model(),
+            cancel=self.local.cancel,
+            user=run.started_by,
+            run=run,
+        )
+        self.agent_events = agent.events()
+
+    def _track(self, event: events.Event) -> None:
+        match event:
+            case events.Failed(text=text):
+                self.status, self.error = Run.Status.ERROR, text
+            case events.Done(cancelled=True):
+                self.status = Run.Status.CANCELLED
+
+    def _report_crash(self) -> None:
+        if self.publisher is None:
+            return
+        try:
+            message = Message.objects.create(
+                conversation_id=self.local.conversation_id,
+                run_id=self.local.run_id,
+                role=Message.Role.ERROR,
+                content="Something went wrong in Studio while running this. "
+                "The conversation is saved; you can try again.",
+            )
+            self.publisher.send(render.appended(render.message(MessageView.of(message))))
+        except Exception:
+            logger.exception("could not record the failure of run %s", self.local.run_id)
+        if self.agent_events is not None:
+            self.agent_events.close()  # cancels its pending rows and slots
+
+    def _end(self) -> None:
+        run_finish(run_id=self.local.run_id, status=self.status, error=self.error)
+        if self.publisher is not None:
+            self.publisher.flush()
+            self.publisher.send(render.run_status(""))
+            self.publisher.send(
+                render.run_controls(running=False, conversation_id=self.local.conversation_id)
+            )
+
+
+class Publisher:
+    """Renders a run's events into fragments for the conversation's group.
+
+    Content deltas are buffered and flushed at most every FLUSH_SECONDS, so a
+    fast model costs a handful of channel messages, not one per token.
+    """
+
+    def __init__(self, conversation: Conversation, run: Run) -> None:
+        self.group = conversation.group_name
+        self.run_id = run.pk
+        self.outbox = runtime().outbox
+        self.turn = 0
+        self.stream_open = False
+        self.buffer: list[str] = []
+        self.last_flush = 0.0
+
+    @property
+    def stream_id(self) -> str:
+        return f"stream-{self.run_id}-{self.turn}"
+
+    def send(self, html: str) -> None:
+        self.outbox.group(self.group, {"type": "chat.fragment", "html": html})
+
+    def flush(self) -> None:
+        if self.buffer:
+            text = "".join(self.buffer)
+            self.buffer.clear()
+            self.last_flush = time.monotonic()
+            self.send(render.stream_delta(self.stream_id, text))
+
+    def event(self, event: events.Event) -> None:
+        if isinstance(event, events.Delta):
+            self._delta(event.text)
+            return
+        self.flush()
+        match event:
+            case events.Status(text=text):
+                self.send(render.run_status(text))
+            case events.TurnSaved():
+                # Drop the streaming bubble, append the final message (a tab
+                # that reconnected mid-stream never had the bubble, and still
+                # gets this).
+                drop = render.stream_drop(self.stream_id) if self.stream_open else ""
+                self.send(drop + render.appended(render.turn_saved(event)))
+                self.turn += 1
+                self.stream_open = False
+            case events.ToolStarted(awaiting=awaiting):
+                self.send(render.tool_started(event))
+                if awaiting:
+                    self.send(render.run_status("Waiting for your decision…"))
+            case events.ToolFinished():
+                self.send(render.tool_finished(event))
+            case events.Failed(message_id=message_id, text=text, created_at=created_at):
+                view = MessageView(message_id, Message.Role.ERROR, text, created_at)
+                self.send(render.appended(render.message(view)))
+            case events.Done():
+                pass
+
+    def _delta(self, text: str) -> None:
+        if not self.stream_open:
+            self.stream_open = True
+            self.send(render.stream_open(self.stream_id))
+        self.buffer.append(text)
+        if time.monotonic() - self.last_flush >= FLUSH_SECONDS:
+            self.flush()
+
+
+# --- process services (registered with the runtime at start-up) ---------------------------
+
+
+async def heartbeat(rt: Runtime) -> None:
+    """Tell the database this process's runs are alive (see STUDIO_RUN_STALE_SECONDS)."""
+    while True:
+        await asyncio.sleep(settings.STUDIO_RUN_HEARTBEAT_SECONDS)
+        try:
+            await rt.off_loop(run_heartbeat, run_ids=list(rt.local_runs()))
+        except Exception:
+            logger.warning("run heartbeat failed", exc_info=True)
+
+
+async def cancel_all(rt: Runtime) -> None:
+    """Shutdown: Stop every run here and give them a moment to record it."""
+    runs = list(rt.local_runs().values())
+    for local in runs:
+        local.cancel.cancel()
+    tasks = [local.task for local in runs if local.task is not None and not local.task.done()]
+    if tasks:
+        done, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_SECONDS)
+        if pending:
+            logger.warning(
+                "%d run(s) did not stop in %.0f s; another process or purge_approvals "
+                "will expire them",
+                len(pending),
+                SHUTDOWN_SECONDS,
+            )

@@ -1,0 +1,92 @@
+"""What a run tells the world, one small type per kind.
+
+The agent yields these; the engine renders them into fragments for every
+tab (``chat.engine.Publisher``) and parks on ``Park``. They carry ids and
+the plain values a fragment needs, never ORM rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from approvals.gate import Slot
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """A line under the transcript ("Thinking…", "Running python…")."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """A piece of the model's reply as it streams."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallView:
+    call_id: str
+    name: str
+    arguments: dict
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSaved:
+    """The model's turn is final and saved, with the calls it asks for."""
+
+    message_id: int
+    content: str
+    created_at: datetime
+    calls: tuple[CallView, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStarted:
+    """A call is announced: with its approval card (waiting or not), or without a row."""
+
+    message_id: int
+    call: CallView
+    approval_id: str
+    awaiting: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFinished:
+    """A call's result is saved (it ran, or the model is told why not)."""
+
+    message_id: int
+    call: CallView
+    result_id: int
+    result: str
+    ok: bool
+    approval_id: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The run ends with an error the member reads in the chat."""
+
+    message_id: int
+    text: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    cancelled: bool = False
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Park:
+    """Give the thread back until ``slot`` is woken, Stop, or ``deadline`` (monotonic)."""
+
+    slot: Slot
+    deadline: float
+
+
+Event = Status | Delta | TurnSaved | ToolStarted | ToolFinished | Failed | Done | Park
