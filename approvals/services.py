@@ -195,15 +195,17 @@ def approval_decide(*, approval_id: str, user, decision: str, note: str = "") ->
         return DecideResult(resolved=False, approval=approval, card_html=card_render(approval))
     approval.status, approval.reason, approval.decided_by = status, reason, user
     approval.decided_at, approval.note = now, note
-    html = card_render(approval)
     # Outside the atomic block the update is committed (inside a caller's
-    # transaction, on_commit waits for it).
-    transaction.on_commit(lambda: _after_decision(approval, html))
+    # transaction, on_commit waits for it). The waiter first: the card can
+    # be drawn while the tool already runs.
+    transaction.on_commit(lambda: _wake_waiter(approval))
+    html = card_render(approval)
+    transaction.on_commit(lambda: _card_broadcast(approval, html))
     return DecideResult(resolved=True, approval=approval, card_html=html)
 
 
-def _after_decision(approval: ToolApproval, html: str) -> None:
-    """Wake the waiter (here or in its own process), then re-render every tab."""
+def _wake_waiter(approval: ToolApproval) -> None:
+    """Wake the run waiting on ``approval``, here or in its own process."""
     rt = runtime()
     # Here: hand the run the committed row, so it need not read it again.
     if not rt.gate.wake(approval.approval_id, outcome=approval):
@@ -212,7 +214,6 @@ def _after_decision(approval: ToolApproval, html: str) -> None:
             rt.outbox.channel(
                 inbox, {"type": "approval.decided", "approval_id": approval.approval_id}
             )
-    _card_broadcast(approval, html)
 
 
 def _card_broadcast(approval: ToolApproval, html: str) -> None:

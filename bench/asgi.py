@@ -11,17 +11,16 @@ import time
 
 from studio.asgi import application  # noqa: F401 - sets Django up first  # isort: skip
 
-import chat.runs  # noqa: E402
+import chat.engine  # noqa: E402
 from chat.llm.base import TextDelta, ToolCall, TurnEnd, new_call_id  # noqa: E402
 from chat.tools import REGISTRY  # noqa: E402
-from chat.tools.base import Tool  # noqa: E402
+from chat.tools.base import Tool, ToolResult  # noqa: E402
 
 REGISTRY["echo"] = Tool(
     name="echo",
     description="Return the text it is given.",
     parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-    side_effects=False,
-    run=lambda arguments, **_: arguments["text"],
+    run=lambda arguments, **_: ToolResult(arguments["text"]),
 )
 
 
@@ -55,4 +54,4 @@ class BenchModel:
         yield TurnEnd(content="", tool_calls=[ToolCall(new_call_id(), "echo", {"text": argument})])
 
 
-chat.runs.get_model = BenchModel
+chat.engine.get_model = BenchModel

@@ -186,3 +186,85 @@ def round_trips(
         if ws is not None:
             ws.close()
     return result
+
+
+def origin_round_trips(
+    *, server, count: int, warmup: int, cpu_pid: int | None = None
+) -> RoundTrips:
+    """The same round trip against the origin's architecture: SSE out, POST in."""
+    import httpx
+
+    result = RoundTrips()
+    with (
+        httpx.Client(base_url=server.url, timeout=20) as stream_client,
+        httpx.Client(base_url=server.url, timeout=20) as post_client,
+    ):
+        for i in range(warmup + count):
+            with stream_client.stream("POST", "/chat", json={"message": f"echo {i}"}) as response:
+                events = (
+                    json.loads(line[6:])
+                    for line in response.iter_lines()
+                    if line.startswith("data: ")
+                )
+                start = next(events)
+                assert start["type"] == "tool_start", start
+                cpu0 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
+                t0 = time.perf_counter()
+                decided = post_client.post(f"/approvals/{start['approval_id']}/decide/")
+                tp = time.perf_counter()
+                end = next(events)
+                t1 = time.perf_counter()
+                cpu1 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
+                assert decided.status_code == 200 and end == {
+                    "type": "tool_end",
+                    "result": f"echo {i}",
+                }
+                assert next(events)["type"] == "done"
+            if i >= warmup:
+                result.total.append(t1 - t0)
+                result.post.append(tp - t0)
+                result.cpu.append(cpu1 - cpu0)
+    return result
+
+
+@dataclass
+class Figures:
+    """One system's figures over several alternating rounds."""
+
+    name: str
+    p50: list[float] = field(default_factory=list)
+    p99: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+    def add(self, latencies: list[float], cpu: list[float] | None = None) -> None:
+        self.p50.append(statistics.median(latencies))
+        self.p99.append(percentile(latencies, 99))
+        if cpu:
+            self.cpu.append(statistics.fmean(cpu))
+
+    @property
+    def median_p50(self) -> float:
+        return statistics.median(self.p50)
+
+    @property
+    def median_p99(self) -> float:
+        return statistics.median(self.p99)
+
+    @property
+    def median_cpu(self) -> float:
+        return statistics.median(self.cpu) if self.cpu else float("nan")
+
+    def line(self) -> str:
+        cpu = f"  CPU/approval {self.median_cpu * 1000:6.2f} ms" if self.cpu else ""
+        rounds = ", ".join(f"{v * 1000:.2f}" for v in self.p50)
+        return (
+            f"{self.name:<34} p50 {self.median_p50 * 1000:6.2f} ms  "
+            f"p99 {self.median_p99 * 1000:6.2f} ms{cpu}   (p50 per round: {rounds})"
+        )
+
+
+def peer_env() -> dict[str, str]:
+    """The environment of a peer server: ours, minus Studio's settings module."""
+    env = server_env()
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    return env

@@ -115,6 +115,8 @@ class Agent:
         self.succeeded: set[tuple[str, str]] = set()
         self.call_ids: set[str] = set()
         self.turn: Message | None = None
+        # Approvals this run asked for and has not seen decided yet.
+        self.open_approvals: set[str] = set()
         # What the model is sent: built from the rows once, then kept up to date.
         self.transcript: list[dict] = []
 
@@ -126,7 +128,8 @@ class Agent:
         finally:
             # Runs on normal end, on error and on generator close (Stop, server
             # going away): no slot of this run may outlive it, no row stay pending.
-            approval_cancel_run(run_id=self.run_id)
+            if self.open_approvals:
+                approval_cancel_run(run_id=self.run_id)
 
     def _loop(self) -> Iterator[events.Event]:
         schemas = [REGISTRY[name].schema() for name in self.enabled]
@@ -216,8 +219,10 @@ class Agent:
             run_id=self.run_id,
             tool_call_id=call.id,
         )
+        self.open_approvals.add(approval.approval_id)
         yield self._started(call, approval, awaiting=True)
         outcome = yield from self._await_decision(slot)
+        self.open_approvals.discard(approval.approval_id)
         return (yield from self._follow(call, approval, outcome))
 
     def _refusal(self, call: ToolCall) -> ToolResult | None:

@@ -230,6 +230,7 @@ class Stepper:
         self.publisher.send(render.run_controls(running=True, conversation_id=conversation.pk))
         # The first message names the conversation; every open tab shows it.
         self.publisher.send(render.title(conversation.title))
+        self.publisher.flush()
         agent = Agent(
             conversation=conversation,
             model=get_model(),
@@ -258,6 +259,7 @@ class Stepper:
                 "The conversation is saved; you can try again.",
             )
             self.publisher.send(render.appended(render.message(MessageView.of(message))))
+            self.publisher.flush()
         except Exception:
             logger.exception("could not record the failure of run %s", self.local.run_id)
         if self.agent_events is not None:
@@ -266,18 +268,20 @@ class Stepper:
     def _end(self) -> None:
         run_finish(run_id=self.local.run_id, status=self.status, error=self.error)
         if self.publisher is not None:
-            self.publisher.flush()
             self.publisher.send(render.run_status(""))
             self.publisher.send(
                 render.run_controls(running=False, conversation_id=self.local.conversation_id)
             )
+            self.publisher.flush()
 
 
 class Publisher:
     """Renders a run's events into fragments for the conversation's group.
 
-    Content deltas are buffered and flushed at most every FLUSH_SECONDS, so a
-    fast model costs a handful of channel messages, not one per token.
+    Fragments are gathered and sent as one channel message at the points
+    where the run is about to wait (a status line before a tool or the model
+    works, a pending card, the end), so a quick tool costs a few messages,
+    not one per fragment. Content deltas go out at most every FLUSH_SECONDS.
     """
 
     def __init__(self, conversation: Conversation, run: Run) -> None:
@@ -286,7 +290,11 @@ class Publisher:
         self.outbox = runtime().outbox
         self.turn = 0
         self.stream_open = False
-        self.buffer: list[str] = []
+        self.pending: list[str] = []
+        # The batch holds a result the member waits for: deliver it before
+        # the run goes on (see Outbox.group's ``wait``).
+        self.urgent = False
+        self.deltas: list[str] = []
         self.last_flush = 0.0
 
     @property
@@ -294,27 +302,40 @@ class Publisher:
         return f"stream-{self.run_id}-{self.turn}"
 
     def send(self, html: str) -> None:
-        self.outbox.group(self.group, {"type": "chat.fragment", "html": html})
+        """Queue ``html``; it leaves with the next flush."""
+        self.pending.append(html)
 
     def flush(self) -> None:
-        if self.buffer:
-            text = "".join(self.buffer)
-            self.buffer.clear()
+        """Send what is queued (and the buffered deltas) as one message."""
+        if self.deltas:
+            if not self.stream_open:
+                self.stream_open = True
+                self.pending.append(render.stream_open(self.stream_id))
+            self.pending.append(render.stream_delta(self.stream_id, "".join(self.deltas)))
+            self.deltas.clear()
+        if self.pending:
+            html = "".join(self.pending)
+            self.pending.clear()
             self.last_flush = time.monotonic()
-            self.send(render.stream_delta(self.stream_id, text))
+            message = {"type": "chat.fragment", "html": html}
+            self.outbox.group(self.group, message, wait=self.urgent)
+            self.urgent = False
 
     def event(self, event: events.Event) -> None:
-        if isinstance(event, events.Delta):
-            self._delta(event.text)
-            return
-        self.flush()
         match event:
+            case events.Delta(text=text):
+                self.deltas.append(text)
+                if time.monotonic() - self.last_flush >= FLUSH_SECONDS:
+                    self.flush()
             case events.Status(text=text):
+                # Something slow comes next (the model, a tool): show it now.
                 self.send(render.run_status(text))
+                self.flush()
             case events.TurnSaved():
                 # Drop the streaming bubble, append the final message (a tab
                 # that reconnected mid-stream never had the bubble, and still
                 # gets this).
+                self.deltas.clear()
                 drop = render.stream_drop(self.stream_id) if self.stream_open else ""
                 self.send(drop + render.appended(render.turn_saved(event)))
                 self.turn += 1
@@ -323,21 +344,15 @@ class Publisher:
                 self.send(render.tool_started(event))
                 if awaiting:
                     self.send(render.run_status("Waiting for your decision…"))
+                    self.flush()
             case events.ToolFinished():
                 self.send(render.tool_finished(event))
+                self.urgent = True
             case events.Failed(message_id=message_id, text=text, created_at=created_at):
                 view = MessageView(message_id, Message.Role.ERROR, text, created_at)
                 self.send(render.appended(render.message(view)))
             case events.Done():
                 pass
-
-    def _delta(self, text: str) -> None:
-        if not self.stream_open:
-            self.stream_open = True
-            self.send(render.stream_open(self.stream_id))
-        self.buffer.append(text)
-        if time.monotonic() - self.last_flush >= FLUSH_SECONDS:
-            self.flush()
 
 
 # --- process services (registered with the runtime at start-up) ---------------------------

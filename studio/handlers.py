@@ -12,7 +12,8 @@ response stay on the loop.
 
 from __future__ import annotations
 
-from asgiref.sync import sync_to_async
+import asyncio
+
 from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers import base
@@ -37,8 +38,8 @@ class OneHopASGIHandler(ASGIHandler):
         except RequestAborted:
             return
         try:
-            respond = sync_to_async(self._respond, thread_sensitive=False, executor=rt.http_pool)
-            response = await respond(scope, body_file)
+            loop = asyncio.get_running_loop()
+            response = await loop.run_in_executor(rt.http_pool, self._respond, scope, body_file)
             await self.send_response(response, send)
             if response.streaming:
                 await rt.off_loop(response.close, pool=rt.http_pool)

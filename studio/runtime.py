@@ -118,12 +118,24 @@ class Outbox:
         self._queue = asyncio.Queue()
         self._task = loop.create_task(self._drain(self._queue))
 
-    def group(self, group: str, message: dict) -> None:
-        self._put(("group", group, message))
+    def group(self, group: str, message: dict, *, wait: bool = False) -> None:
+        """Send to a group. ``wait``: return once it is delivered (from a worker thread).
+
+        A run waits for its own fragments: the wait gives the loop the GIL to
+        deliver them at once, instead of competing with the rest of the run's
+        work while the member looks at a stale card.
+        """
+        if not wait:
+            self._put(("group", group, message, None))
+            return
+        done: Future = Future()
+        self._put(("group", group, message, done))
+        with contextlib.suppress(Exception):
+            done.result(timeout=10)
 
     def channel(self, channel: str, message: dict) -> None:
         if channel:
-            self._put(("channel", channel, message))
+            self._put(("channel", channel, message, None))
 
     def _put(self, item: tuple) -> None:
         loop, q = self.loop, self._queue
@@ -135,13 +147,19 @@ class Outbox:
             deliver = async_to_sync(self._deliver)
             if running is None:
                 deliver(item)
+                if item[3] is not None:
+                    item[3].set_result(None)
             else:
                 # Some other loop runs in this thread (a test driving a
                 # browser): deliver from a thread of its own.
                 thread = threading.Thread(target=deliver, args=(item,), daemon=True)
                 thread.start()
                 thread.join(10)
+                if item[3] is not None:
+                    item[3].set_result(None)
         elif running is loop:
+            if item[3] is not None:  # waiting on the loop's own thread would deadlock
+                item = (*item[:3], None)
             q.put_nowait(item)
         else:
             loop.call_soon_threadsafe(q.put_nowait, item)
@@ -149,11 +167,20 @@ class Outbox:
     async def _drain(self, q: asyncio.Queue) -> None:
         while True:
             item = await q.get()
-            await self._deliver(item)
+            try:
+                await self._deliver(item)
+                if item[3] is not None:
+                    # Let the local consumers forward it to their sockets
+                    # before the waiting run takes the GIL back.
+                    for _ in range(4):
+                        await asyncio.sleep(0)
+            finally:
+                if item[3] is not None:
+                    item[3].set_result(None)
 
     @staticmethod
     async def _deliver(item: tuple) -> None:
-        kind, target, message = item
+        kind, target, message, _ = item
         layer = get_channel_layer()
         if layer is None:
             return

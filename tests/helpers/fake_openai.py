@@ -64,6 +64,7 @@ class Reply:
         body=None,
         die_after=None,
         finish_reason="stop",
+        pace=0.0,
     ):
         self.chunks = list(chunks or [])
         if finish_reason:
@@ -76,6 +77,7 @@ class Reply:
         self.raw = raw
         self.body = body
         self.die_after = die_after  # close the socket after this many chunks
+        self.pace = pace  # seconds between chunks, as a model that types
 
 
 class FakeOpenAI:
@@ -133,6 +135,8 @@ class FakeOpenAI:
                     }
                     self.wfile.write(b"data: " + json.dumps({**base, **chunk}).encode() + b"\n\n")
                     self.wfile.flush()
+                    if reply.pace:
+                        time.sleep(reply.pace)
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
 

@@ -1,0 +1,1 @@
+"""Peers the benchmarks run beside Studio, on the same machine, in the same invocation."""
