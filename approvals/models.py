@@ -38,9 +38,6 @@ class ApprovalQuerySet(models.QuerySet):
     def decided_before(self, *, before: datetime) -> ApprovalQuerySet:
         return self.decided().filter(decided_at__lt=before)
 
-    def visible_to(self, user) -> ApprovalQuerySet:
-        return self.filter(conversation__owner=user)
-
 
 class ToolApproval(models.Model):
     """The audit row of one tool call that asked for (or skipped) a human decision."""

@@ -48,7 +48,6 @@ DECISIONS: dict[str, tuple[str, str, bool]] = {
     "deny": (Status.DENIED, Reason.USER, False),
 }
 
-REJECTION_TEXT = "The user declined to run this tool call."
 # The poller re-reads every waiting row this often besides its quick look
 # at what was decided lately (which a skewed clock could in theory miss).
 FULL_POLL_SECONDS = 60.0
@@ -348,13 +347,15 @@ def approval_wait(
 
 
 def poll_wait(poll: float) -> float:
-    """How long a waiter sleeps between its own looks at its row.
+    """How long a waiter may sleep before it looks at its row itself.
 
-    While the process poller runs it wakes whoever was decided, so a waiter
-    only checks the poller is alive; without it, the waiter polls itself.
+    While the process poller runs, it wakes whoever was decided (it re-reads
+    every waiting row at least every FULL_POLL_SECONDS), so a waiter sleeps
+    until its deadline: ten thousand parked runs cost no wake-ups. Without
+    the poller (the database was down), each waiter polls itself.
     """
     if runtime().gate.poller_alive(poll):
-        return max(poll, FULL_POLL_SECONDS)
+        return float("inf")
     return poll
 
 

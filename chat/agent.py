@@ -28,7 +28,6 @@ from django.conf import settings
 from approvals.gate import Slot
 from approvals.models import ToolApproval, arguments_hash
 from approvals.services import (
-    REJECTION_TEXT,
     ApprovalNotFound,
     approval_auto_reason,
     approval_cancel_run,
@@ -45,6 +44,7 @@ from chat.transcript import tool_message, transcript_build, turn_message
 from studio.cancel import CancelToken
 from studio.runtime import runtime
 from studio.text import strip_nul, strip_nul_json
+from studio.wording import REJECTION_TEXT
 
 logger = logging.getLogger(__name__)
 

@@ -4,6 +4,7 @@ import json
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from approvals.models import ToolApproval
 from approvals.notify import member_group
 from chat import render
 from chat.engine import run_launch, run_stop
@@ -163,7 +164,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def approval_changed(self, event: dict) -> None:
         html = event["html"]
-        if event.get("reason") == "always_allow":
+        if event.get("reason") == ToolApproval.Reason.ALWAYS_ALLOW:
             html += await off_loop(_settings, self.conversation_id)
         await self.send(text_data=html)
 

@@ -24,7 +24,6 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
@@ -140,9 +139,9 @@ def _start_driving(rt: Runtime, local: LocalRun) -> None:
 async def drive(rt: Runtime, local: LocalRun) -> None:
     """The life of one run: steps on the agent pool, parks in between."""
     stepper = Stepper(local)
-    step = sync_to_async(stepper.step, thread_sensitive=False, executor=rt.agent_pool)
+    loop = asyncio.get_running_loop()
     try:
-        while (park := await step()) is not None:
+        while (park := await loop.run_in_executor(rt.agent_pool, stepper.step)) is not None:
             local.parked = True
             try:
                 await _parked(park, local)
@@ -363,7 +362,7 @@ async def heartbeat(rt: Runtime) -> None:
     while True:
         await asyncio.sleep(settings.STUDIO_RUN_HEARTBEAT_SECONDS)
         try:
-            await rt.off_loop(run_heartbeat, run_ids=list(rt.local_runs()))
+            await rt.off_loop(run_heartbeat, inbox=rt.inbox.name)
         except Exception:
             logger.warning("run heartbeat failed", exc_info=True)
 

@@ -152,10 +152,11 @@ def on_purge(sender, *, dry_run: bool, report: list, **kwargs) -> None:
         )
 
 
-def run_heartbeat(*, run_ids: list[str]) -> int:
-    if not run_ids:
+def run_heartbeat(*, inbox: str) -> int:
+    """Mark every running run of the process with this inbox alive (one statement)."""
+    if not inbox:
         return 0
-    return Run.objects.running().filter(pk__in=run_ids).update(heartbeat_at=timezone.now())
+    return Run.objects.running().filter(inbox=inbox).update(heartbeat_at=timezone.now())
 
 
 def run_finish(*, run_id: str, status: str, error: str = "") -> None:

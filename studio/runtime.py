@@ -118,6 +118,11 @@ class Outbox:
         self._queue = asyncio.Queue()
         self._task = loop.create_task(self._drain(self._queue))
 
+    async def close(self) -> None:
+        if self._task is not None:
+            await _cancel([self._task])
+        self.loop = self._queue = self._task = None
+
     def group(self, group: str, message: dict, *, wait: bool = False) -> None:
         """Send to a group. ``wait``: return once it is delivered (from a worker thread).
 
@@ -255,10 +260,7 @@ class Inbox:
     async def close(self) -> None:
         tasks, self._tasks = self._tasks, []
         self.name = ""
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await _cancel(tasks)
 
     def dispatch(self, message: dict) -> None:
         handler = self.handlers.get(message.get("type", ""))
@@ -287,7 +289,6 @@ class Inbox:
             self.dispatch(message)
 
     async def _poll(self, rt: Runtime) -> None:
-        interval = settings.STUDIO_APPROVAL_POLL_SECONDS
         while True:
             try:
                 await rt.off_loop(self.poll)
@@ -296,7 +297,7 @@ class Inbox:
             except Exception:
                 # Database down: parked runs notice the poller is stale and check themselves.
                 logger.warning("approval poller failed", exc_info=True)
-            await asyncio.sleep(interval)
+            await asyncio.sleep(settings.STUDIO_APPROVAL_POLL_SECONDS)
 
     async def _watch_redis(self, url: str, interval: float) -> None:
         """Notice a Redis restart (its run_id changes) and tell the consumers.
@@ -332,6 +333,18 @@ class Inbox:
         finally:
             with contextlib.suppress(Exception):
                 await client.aclose()
+
+
+async def _cancel(tasks: list[asyncio.Task], timeout: float = 2.0) -> None:
+    """Cancel ``tasks`` and give them a moment to finish; never hang on one.
+
+    (channels-redis's ``receive`` can take its time to notice a cancel.)
+    """
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        with contextlib.suppress(Exception):
+            await asyncio.wait(tasks, timeout=timeout)
 
 
 @dataclass(eq=False)
@@ -398,11 +411,9 @@ class Runtime:
             except Exception:
                 logger.exception("shutdown hook failed")
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await _cancel(tasks)
         await self.inbox.close()
+        await self.outbox.close()
         self.loop = None
 
     def _install_shutdown_trigger(self) -> None:

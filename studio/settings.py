@@ -55,7 +55,6 @@ INSTALLED_APPS = [
     "channels",
     "axes",
     "django_htmx",
-    "template_partials",
     "chat",
     "approvals",
 ]

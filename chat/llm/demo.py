@@ -18,8 +18,7 @@ from collections.abc import Iterator
 
 from chat.llm.base import Chunk, TextDelta, ToolCall, TurnEnd, new_call_id
 from studio.cancel import CancelToken
-
-REJECTION_PREFIX = "The user declined to run this tool call."
+from studio.wording import REJECTION_TEXT
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.S | re.I)
 _RUN_PYTHON = re.compile(r"^\s*run python:\s*(.+)$", re.S | re.I)
@@ -92,7 +91,7 @@ class DemoModel:
         for result in reversed(results):
             name = names.get(result.get("tool_call_id"), "tool")
             content = str(result.get("content") or "")
-            if content.startswith(REJECTION_PREFIX):
+            if content.startswith(REJECTION_TEXT):
                 parts.append(f"You declined the `{name}` call, so I did not run it.")
             elif content.startswith("Error"):
                 parts.append(f"The `{name}` call did not succeed:\n\n```\n{_clip(content)}\n```")

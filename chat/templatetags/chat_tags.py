@@ -1,46 +1,40 @@
 from __future__ import annotations
 
-import re
-
+import nh3
 from django import template
-from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
+from markdown_it import MarkdownIt
 
 register = template.Library()
 
-_FENCE = re.compile(r"```([\w+-]*)[ \t]*\n?(.*?)```", re.S)
-_INLINE_CODE = re.compile(r"`([^`\n]+)`")
-_BOLD = re.compile(r"\*\*([^*\n]+)\*\*")
-_LINK = re.compile(r"(?<![\"'=])(https?://[^\s<]+[^\s<.,;:!?)\]'\"])")
-
 COLLAPSE_LINES = 15
+
+# CommonMark with tables, strikethrough and bare links; raw HTML is *not*
+# passed through (it is shown as text), and nh3 cleans what comes out anyway.
+_MARKDOWN = MarkdownIt("commonmark", {"html": False, "linkify": True}).enable(
+    ["table", "strikethrough", "linkify"]
+)
+_TAGS = {
+    "p", "br", "hr", "strong", "em", "del", "s", "code", "pre", "blockquote",
+    "ul", "ol", "li", "h1", "h2", "h3", "h4", "h5", "h6",
+    "table", "thead", "tbody", "tr", "th", "td", "a",
+}  # fmt: skip
+_ATTRIBUTES = {"a": {"href", "title"}, "code": {"class"}, "ol": {"start"}}
 
 
 @register.filter
-def markdown_lite(text: str) -> SafeString:
-    """Escape first, then a safe subset: code fences, `code`, **bold**, links, paragraphs."""
-    parts: list[str] = []
-    last = 0
-    for match in _FENCE.finditer(text or ""):
-        parts.append(_inline(text[last : match.start()]))
-        lang = escape(match.group(1))
-        parts.append(
-            f'<pre class="code" data-lang="{lang}"><code>{escape(match.group(2))}</code></pre>'
-        )
-        last = match.end()
-    parts.append(_inline((text or "")[last:]))
-    return mark_safe("".join(parts))  # noqa: S308 - every piece is escaped above
-
-
-def _inline(chunk: str) -> str:
-    if not chunk.strip():
-        return ""
-    html = escape(chunk)
-    html = _INLINE_CODE.sub(r"<code>\1</code>", html)
-    html = _BOLD.sub(r"<strong>\1</strong>", html)
-    html = _LINK.sub(r'<a href="\1" rel="noopener noreferrer" target="_blank">\1</a>', html)
-    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", html) if p.strip()]
-    return "".join(f"<p>{p.replace(chr(10), '<br>')}</p>" for p in paragraphs)
+def markdown(text: str) -> SafeString:
+    """The model's Markdown as safe HTML: rendered, then sanitized."""
+    html = _MARKDOWN.render(text or "")
+    clean = nh3.clean(
+        html,
+        tags=_TAGS,
+        attributes=_ATTRIBUTES,
+        url_schemes={"http", "https", "mailto"},
+        link_rel="noopener noreferrer nofollow",
+        set_tag_attribute_values={"a": {"target": "_blank"}},
+    )
+    return mark_safe(clean)  # noqa: S308 - sanitized by nh3 just above
 
 
 @register.filter

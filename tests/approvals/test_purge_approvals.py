@@ -127,3 +127,66 @@ def test_pending_rows_of_a_dead_process_are_expired_at_once(conversation, settin
     assert state(orphan) == ("denied", "expired")
     assert state(alive_conversation) == ("pending", "")
     assert Run.objects.get(pk=dead.pk).status == "error"
+
+
+# --- open tabs see expired cards -----------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.asyncio
+@pytest.mark.parametrize("why", ["stale", "dead run"])
+async def test_cards_expired_by_purge_change_in_open_tabs(conversation, alice, why):
+    from datetime import timedelta
+
+    from asgiref.sync import sync_to_async
+    from channels.testing import WebsocketCommunicator
+    from django.test import Client
+    from django.utils import timezone
+
+    from chat.models import Run
+    from studio.asgi import application
+    from tests.factories import make_run
+
+    @sync_to_async
+    def setup() -> tuple[str, str]:
+        from chat.models import Message
+
+        client = Client()
+        client.force_login(alice)
+        # A card on the page: the assistant turn that asked, and its approval.
+        if why == "stale":
+            run = make_run(conversation, status="done")
+            requested_at = timezone.now() - timedelta(hours=3)
+        else:
+            run = make_run(conversation)
+            Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+            requested_at = timezone.now()
+        arguments = {"code": "print(1 + 1)"}
+        Message.objects.create(
+            conversation=conversation,
+            run=run,
+            role="assistant",
+            tool_calls=[{"id": "c1", "name": "python", "arguments": arguments}],
+        )
+        approval = make_approval(
+            conversation, run_id=str(run.pk), tool_call_id="c1", requested_at=requested_at
+        )
+        return client.cookies["sessionid"].value, approval.approval_id
+
+    session, approval_id = await setup()
+    comm = WebsocketCommunicator(
+        application,
+        f"/ws/c/{conversation.pk}/",
+        headers=[
+            (b"origin", b"http://127.0.0.1"),
+            (b"host", b"127.0.0.1"),
+            (b"cookie", f"sessionid={session}".encode()),
+        ],
+    )
+    assert (await comm.connect(timeout=10))[0]
+    assert 'data-status="pending"' in await comm.receive_from(timeout=10)
+    await sync_to_async(call_command)("purge_approvals", stdout=StringIO())
+    frame = await comm.receive_from(timeout=10)
+    assert f'data-approval-id="{approval_id}"' in frame
+    assert 'data-status="denied"' in frame and "Expired" in frame
+    await comm.disconnect()

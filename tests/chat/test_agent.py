@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from approvals.models import ToolApproval, ToolGrant
-from approvals.services import REJECTION_TEXT, approval_decide
+from approvals.services import approval_decide
 from chat.agent import DUPLICATE_TEXT
 from chat.events import Done, Failed, ToolFinished, ToolStarted
 from chat.models import Message
+from studio.wording import REJECTION_TEXT
 from tests.factories import make_run
 from tests.helpers.driver import AgentDriver
 from tests.helpers.scripted import ScriptedModel, call, failing

@@ -94,6 +94,8 @@ async def no_runs_left():
             break
         await asyncio.sleep(0.05)
     assert not runtime().local_runs(), "a run outlived its test"
+    # This test's loop ends here: stop the runtime's tasks (and connections) on it.
+    await runtime().stop()
 
 
 async def send(comm, **data) -> None:
@@ -303,7 +305,8 @@ async def test_parked_runs_hold_no_worker_and_a_pool_of_one_serves_a_new_chat(al
         for comm in sockets:
             await receive_until(comm, 'data-status="pending"')
         assert len(rt.local_runs()) == 100
-        assert rt.working_runs() == 0 and rt.agent_pool.busy == 0
+        # (A card goes out just before its run hands the thread back.)
+        await wait_for(lambda: rt.working_runs() == 0 and rt.agent_pool.busy == 0)
         # A new chat on the one worker while 100 wait: answered.
         other = await sync_to_async(make_conversation)(alice)
         comm, _, _ = await open_socket(other.pk, alice)
@@ -332,6 +335,7 @@ async def test_parked_runs_hold_no_worker_and_a_pool_of_one_serves_a_new_chat(al
             if not rt.local_runs():
                 break
             await asyncio.sleep(0.05)
+        await rt.stop()
         restore_runtime(old)
 
 

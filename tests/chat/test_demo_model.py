@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from approvals.services import REJECTION_TEXT
 from chat.llm.base import TextDelta, TurnEnd
 from chat.llm.demo import DemoModel
 from chat.tools import REGISTRY
 from studio.cancel import CancelToken
+from studio.wording import REJECTION_TEXT
 
 TOOLS = [tool.schema() for tool in REGISTRY.values()]
 

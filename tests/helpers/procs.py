@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def database_url() -> str:
     """A DATABASE_URL for the *test* database the current test uses."""
     db = connection.settings_dict
-    if db["ENGINE"] == "django.db.backends.sqlite3":
+    if connection.vendor == "sqlite":
         return f"sqlite:///{Path(db['NAME']).resolve()}"
     user = db.get("USER") or "postgres"
     password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""

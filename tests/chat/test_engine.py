@@ -1,0 +1,232 @@
+"""The run engine: parked runs hold no thread, and resume on every way a wait can end.
+
+Runs are started the way a socket starts them (``run_launch`` off the loop)
+on the real runtime, with the demo model and the real sandboxed tools; the
+test looks at the runtime's own counters to prove that nothing waits on a
+thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.utils import timezone
+
+from approvals.models import ToolApproval
+from approvals.services import approval_decide
+from chat.engine import run_launch, run_stop
+from chat.models import Message, Run
+from studio.runtime import replace_runtime, restore_runtime, runtime
+from tests.factories import make_conversation
+from tests.helpers.procs import read_line, spawn
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.anydb]
+
+BOUND = 20.0
+
+
+@pytest.fixture
+async def rt():
+    """A fresh runtime on this test's loop (four agent workers), put back after."""
+    old = runtime()
+    fresh = replace_runtime(agent_workers=4)
+    await fresh.start()
+    yield fresh
+    for local in fresh.local_runs().values():
+        local.cancel.cancel()
+    for _ in range(200):
+        if not fresh.local_runs():
+            break
+        await asyncio.sleep(0.05)
+    await fresh.stop()
+    restore_runtime(old)
+    assert not fresh.local_runs(), "a run outlived its test"
+
+
+async def until(predicate, timeout: float = BOUND) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await sync_to_async(predicate)():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def launch(conversation, text: str) -> str:
+    launch = await runtime().off_loop(
+        run_launch, conversation_id=conversation.pk, user=conversation.owner, text=text
+    )
+    assert launch.ok, launch
+    return launch.run_id
+
+
+async def parked(rt, conversation, text: str = "run python: print(6 * 7)") -> ToolApproval:
+    """Start a run and wait until it is parked on its pending card."""
+    run_id = await launch(conversation, text)
+    await until(lambda: ToolApproval.objects.filter(run_id=run_id, status="pending").exists())
+    await until(lambda: rt.local_runs()[run_id].parked)
+    return await sync_to_async(ToolApproval.objects.get)(run_id=run_id)
+
+
+def finished(conversation) -> bool:
+    return not Run.objects.running().filter(conversation=conversation).exists()
+
+
+def tool_result(conversation) -> str:
+    return Message.objects.filter(conversation=conversation, role="tool").last().content
+
+
+def holds_no_thread(rt) -> None:
+    assert rt.working_runs() == 0
+    assert rt.agent_pool.busy == 0
+
+
+@pytest.mark.parametrize(
+    ("decision", "expected"),
+    [("allow", r"^42\s*$"), ("deny", r"^The user declined to run this tool call\.$")],
+)
+async def test_a_parked_run_holds_no_thread_and_resumes_on_a_decision(
+    rt, conversation, alice, decision, expected
+):
+    approval = await parked(rt, conversation)
+    holds_no_thread(rt)
+    await sync_to_async(approval_decide)(
+        approval_id=approval.approval_id, user=alice, decision=decision
+    )
+    await until(lambda: finished(conversation))
+    assert re.match(expected, await sync_to_async(tool_result)(conversation))
+
+
+async def test_a_parked_run_resumes_at_its_timeout(rt, conversation, settings):
+    settings.STUDIO_APPROVAL_TIMEOUT = 0.5
+    approval = await parked(rt, conversation)
+    holds_no_thread(rt)
+    await until(lambda: finished(conversation))
+    await sync_to_async(approval.refresh_from_db)()
+    assert (approval.status, approval.reason) == ("denied", "timeout")
+    assert (await sync_to_async(tool_result)(conversation)).startswith("Error: nobody decided")
+
+
+async def test_stop_resumes_a_parked_run_and_ends_it(rt, conversation, alice):
+    approval = await parked(rt, conversation)
+    assert await rt.off_loop(run_stop, conversation_id=conversation.pk, user=alice)
+    await until(lambda: finished(conversation))
+    await sync_to_async(approval.refresh_from_db)()
+    assert (approval.status, approval.reason) == ("denied", "cancelled")
+    run = await sync_to_async(Run.objects.get)(conversation=conversation)
+    assert run.status == "cancelled"
+
+
+async def test_a_lost_wake_is_covered_by_the_process_poller(rt, conversation, settings):
+    # Decided behind the gate's back: no wake at all, as if the message was
+    # lost. The process poller (every 0.2 s here) finds the decided row.
+    settings.STUDIO_APPROVAL_POLL_SECONDS = 0.2
+    approval = await parked(rt, conversation)
+    await sync_to_async(ToolApproval.objects.filter(pk=approval.pk).update)(
+        status="allowed", reason="user", decided_at=timezone.now()
+    )
+    await until(lambda: finished(conversation))
+    assert re.match(r"^42\s*$", await sync_to_async(tool_result)(conversation))
+
+
+async def test_more_parked_runs_than_workers_all_resume(rt, alice):
+    conversations = await sync_to_async(lambda: [make_conversation(alice) for _ in range(12)])()
+    approvals = [await parked(rt, c, f"run python: print({c.pk})") for c in conversations]
+    assert len(rt.local_runs()) == 12 > rt.agent_pool.workers
+    holds_no_thread(rt)
+    for approval in approvals:
+        await sync_to_async(approval_decide)(
+            approval_id=approval.approval_id, user=alice, decision="allow"
+        )
+    for c in conversations:
+        await until(lambda c=c: finished(c))
+        assert (await sync_to_async(tool_result)(c)).strip() == str(c.pk)
+
+
+@pytest.mark.services
+async def test_a_decision_in_another_process_wakes_the_parked_run(rt, conversation, settings):
+    """Through Redis to this process's inbox; the poll is far too slow to be the one."""
+    settings.STUDIO_APPROVAL_POLL_SECONDS = 300
+    approval = await parked(rt, conversation)
+    assert approval.waiter_inbox == rt.inbox.name
+    child = spawn("decide_proc.py", approval.approval_id, conversation.owner.username, "allow")
+    try:
+        assert (await asyncio.to_thread(read_line, child, BOUND)).strip() == "ready"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert '"resolved": true' in await asyncio.to_thread(read_line, child, BOUND)
+        await until(lambda: finished(conversation), timeout=10)
+    finally:
+        child.kill()
+    assert re.match(r"^42\s*$", await sync_to_async(tool_result)(conversation))
+
+
+# --- one run per conversation --------------------------------------------------------
+
+
+async def test_sends_racing_from_several_tabs_start_one_run(rt, alice, settings):
+    """Single process (no Redis): a run just created is never retired as a dead one.
+
+    Each round, four tabs send at once while no run is going; the run that
+    wins parks on a card (so it is still running while the others try), and
+    is stopped before the next round.
+    """
+    settings.REDIS_URL = ""
+    conversation = await sync_to_async(make_conversation)(alice)
+    for round_ in range(10):
+        results = await asyncio.gather(
+            *[
+                rt.off_loop(
+                    run_launch,
+                    conversation_id=conversation.pk,
+                    user=alice,
+                    text=f"run python: print({round_})",
+                )
+                for _ in range(4)
+            ]
+        )
+        assert sum(r.ok for r in results) == 1, results
+        assert {r.reason for r in results if not r.ok} == {"running"}
+        await until(lambda: ToolApproval.objects.pending().exists())
+        assert await rt.off_loop(run_stop, conversation_id=conversation.pk, user=alice)
+        await until(lambda: finished(conversation))
+    statuses = await sync_to_async(lambda: list(Run.objects.values_list("status", flat=True)))()
+    assert statuses == ["cancelled"] * 10  # one per round; none retired as dead ("error")
+
+
+async def test_a_send_in_the_window_after_another_runs_row_is_written_is_refused(
+    rt, alice, settings, monkeypatch
+):
+    """The window that let two tabs start two runs: tab A's run row is committed
+    but its run not yet started; tab B's send arrives right then. B must be
+    refused; A's run must not be retired as a dead one."""
+    import threading
+
+    from chat import engine
+
+    settings.REDIS_URL = ""  # single process: the "is it dead?" path
+    conversation = await sync_to_async(make_conversation)(alice)
+    in_window, go_on = threading.Event(), threading.Event()
+    real_run_create = engine.run_create
+
+    def first_waits_in_the_window(**kwargs):
+        run = real_run_create(**kwargs)
+        if not in_window.is_set():
+            in_window.set()
+            go_on.wait(BOUND)
+        return run
+
+    monkeypatch.setattr(engine, "run_create", first_waits_in_the_window)
+    send = {"conversation_id": conversation.pk, "user": alice, "text": "run python: print(1)"}
+    first = asyncio.ensure_future(rt.off_loop(run_launch, **send))
+    assert await asyncio.to_thread(in_window.wait, BOUND)
+    second = await rt.off_loop(run_launch, **send)
+    go_on.set()
+    first = await first
+    assert first.ok and (second.ok, second.reason) == (False, "running")
+    run = await sync_to_async(Run.objects.get)()
+    assert (str(run.pk), run.status) == (first.run_id, "running")
+    assert await rt.off_loop(run_stop, conversation_id=conversation.pk, user=alice)
+    await until(lambda: finished(conversation))

@@ -1,0 +1,45 @@
+"""SIGTERM while runs wait for decisions: the process exits in seconds, its runs recorded."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from approvals.models import ToolApproval
+from chat.models import Run
+from tests.factories import make_conversation
+from tests.helpers.clients import Tab, session_cookie
+from tests.helpers.live import LiveServer
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anydb]
+
+
+def test_sigterm_with_waiting_runs_exits_promptly_and_records_them(alice, workspace_root, tmp_path):
+    server = LiveServer(
+        log_path=tmp_path / "daphne.log", STUDIO_WORKSPACE_ROOT=str(workspace_root)
+    ).start()
+    session = session_cookie(alice)
+    conversations = [make_conversation(alice) for _ in range(3)]
+    tabs = []
+    try:
+        for conversation in conversations:
+            tab = Tab(server.ws_url, conversation.pk, session, origin=server.url)
+            tab.until('id="transcript"')
+            tab.send("run python: print(1)")
+            tab.until('data-status="pending"')
+            tabs.append(tab)
+        assert ToolApproval.objects.pending().count() == 3
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(10)
+        took = time.monotonic() - started
+    finally:
+        for tab in tabs:
+            tab.ws.close()
+        server.stop()
+    assert took < 6, f"the process took {took:.1f} s to exit"
+    rows = list(ToolApproval.objects.values_list("status", "reason"))
+    assert rows == [("denied", "cancelled")] * 3
+    assert set(Run.objects.values_list("status", flat=True)) == {"cancelled"}
