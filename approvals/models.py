@@ -66,6 +66,9 @@ class ToolApproval(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     tool_name = models.CharField(max_length=100)
+    # What the tool's server says about it ("read-only", "destructive", ...),
+    # as shown on the card when the call was requested. Hints, never trusted.
+    tool_hints = models.JSONField(default=list, blank=True)
     tool_call_id = models.CharField(max_length=100, blank=True)
     arguments = models.JSONField(default=dict, blank=True)
     arguments_sha256 = models.CharField(max_length=64)

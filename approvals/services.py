@@ -114,6 +114,7 @@ def approval_request(
     run_id: str,
     requested_by=None,
     tool_call_id: str = "",
+    hints: list[str] | None = None,
 ) -> tuple[ToolApproval, Slot]:
     """Create the pending row and register its waiter, in that order.
 
@@ -129,6 +130,7 @@ def approval_request(
         requested_by=requested_by,
         run_id=run_id,
         tool_call_id=tool_call_id,
+        tool_hints=hints or [],
         waiter_inbox=rt.inbox.name,
     )
     slot = rt.gate.register(approval.approval_id, run_id=run_id)
@@ -144,6 +146,7 @@ def approval_record_auto(
     run_id: str,
     requested_by=None,
     tool_call_id: str = "",
+    hints: list[str] | None = None,
 ) -> ToolApproval:
     """Record a call allowed without a prompt (grant, policy, switch off): still audited."""
     now = timezone.now()
@@ -155,6 +158,7 @@ def approval_record_auto(
         requested_by=requested_by,
         run_id=run_id,
         tool_call_id=tool_call_id,
+        tool_hints=hints or [],
         status=Status.ALLOWED,
         reason=reason,
         requested_at=now,

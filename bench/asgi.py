@@ -12,16 +12,17 @@ import time
 from studio.asgi import application  # noqa: F401 - sets Django up first  # isort: skip
 
 import chat.engine  # noqa: E402
+import chat.tools  # noqa: E402
 from chat.llm.base import TextDelta, ToolCall, TurnEnd, new_call_id  # noqa: E402
-from chat.tools import REGISTRY  # noqa: E402
 from chat.tools.base import Tool, ToolResult  # noqa: E402
 
-REGISTRY["echo"] = Tool(
+ECHO = Tool(
     name="echo",
     description="Return the text it is given.",
     parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
     run=lambda arguments, **_: ToolResult(arguments["text"]),
 )
+chat.tools.ALWAYS = (*chat.tools.ALWAYS, ECHO)
 
 
 class BenchModel:

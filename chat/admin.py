@@ -1,8 +1,10 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
+from django.http import HttpRequest
 
-from chat.models import Conversation, Message, Run
+from chat.models import Conversation, McpServer, Message, Run, parse_pairs
 
 
 class MessageInline(admin.TabularInline):
@@ -34,3 +36,110 @@ class RunAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+
+class SecretLines(forms.CharField):
+    """KEY=value lines that are stored but never shown back: only their keys are."""
+
+    widget = forms.Textarea(attrs={"rows": 3, "autocomplete": "off", "spellcheck": "false"})
+
+
+class McpServerForm(forms.ModelForm):
+    """Environment and Headers hold secrets: a blank field keeps what is stored,
+    anything written replaces it all, and a single "-" clears it."""
+
+    url = forms.URLField(
+        label="URL",
+        required=False,
+        assume_scheme="https",
+        max_length=500,
+        help_text=McpServer._meta.get_field("url").help_text,
+    )
+    environment = SecretLines(label="Environment", required=False)
+    headers = SecretLines(label="Headers", required=False)
+
+    class Meta:
+        model = McpServer
+        fields = ["name", "command", "url", "environment", "headers", "enabled"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for name, what in (("environment", "Environment"), ("headers", "Headers")):
+            stored = getattr(self.instance, name, "") if self.instance.pk else ""
+            keys = ", ".join(parse_pairs(stored, what=what)) if stored else ""
+            field = self.fields[name]
+            self.initial[name] = ""  # the stored value is never sent back to the browser
+            field.help_text = (
+                f"Set now: {keys}. " if keys else "Nothing set. "
+            ) + "Leave blank to keep; KEY=value lines replace everything; a single - clears."
+
+    def _secret(self, name: str) -> str:
+        value = self.cleaned_data.get(name, "").strip()
+        if value == "-":
+            return ""
+        if not value and self.instance.pk:
+            return getattr(McpServer.objects.get(pk=self.instance.pk), name)
+        return value
+
+    def clean_environment(self) -> str:
+        return self._secret("environment")
+
+    def clean_headers(self) -> str:
+        return self._secret("headers")
+
+
+@admin.action(description="Refresh tools (connect and list them now)")
+def refresh_tools(modeladmin, request: HttpRequest, queryset) -> None:
+    from chat.mcp import refresh_tools as refresh
+    from chat.tools.mcp import McpUnavailable
+
+    for server in queryset:
+        try:
+            count = refresh(server)
+        except McpUnavailable as exc:
+            modeladmin.message_user(request, str(exc), messages.ERROR)
+        else:
+            modeladmin.message_user(request, f"MCP server {server.name}: {count} tool(s) found.")
+
+
+@admin.register(McpServer)
+class McpServerAdmin(admin.ModelAdmin):
+    form = McpServerForm
+    list_display = ["name", "transport", "enabled", "state", "tool_count", "last_connected_at"]
+    list_filter = ["enabled"]
+    search_fields = ["name", "command", "url"]
+    readonly_fields = ["last_connected_at", "last_error", "tool_list"]
+    actions = [refresh_tools]
+    fieldsets = [
+        (None, {"fields": ["name", "command", "url", "environment", "headers", "enabled"]}),
+        ("Status", {"fields": ["last_connected_at", "last_error", "tool_list"]}),
+    ]
+
+    @admin.display(description="transport")
+    def transport(self, obj: McpServer) -> str:
+        return "stdio" if obj.command.strip() else "HTTP"
+
+    @admin.display(description="state")
+    def state(self, obj: McpServer) -> str:
+        return {None: "not connected yet", True: "available", False: "unavailable"}[obj.available]
+
+    @admin.display(description="tools")
+    def tool_count(self, obj: McpServer) -> int:
+        return len(obj.tools)
+
+    @admin.display(description="Tools found")
+    def tool_list(self, obj: McpServer) -> str:
+        return ", ".join(t["name"] for t in obj.tools) or "—"
+
+    def save_model(self, request, obj: McpServer, form, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if change:
+            from chat.mcp import hub
+
+            hub().forget(obj.name)  # this process reconnects with the new settings
+
+    def delete_model(self, request, obj: McpServer) -> None:
+        from chat.mcp import hub
+
+        hub().forget(obj.name)
+        super().delete_model(request, obj)

@@ -38,7 +38,7 @@ from approvals.services import (
 from chat import events
 from chat.llm.base import ChatModel, LLMError, TextDelta, ToolCall, TurnEnd, new_call_id
 from chat.models import Conversation, Message, Run
-from chat.tools import REGISTRY
+from chat.toolbox import Toolbox, toolbox_for
 from chat.tools.base import ToolResult
 from chat.transcript import tool_message, transcript_build, turn_message
 from studio.cancel import CancelToken
@@ -99,6 +99,7 @@ class Agent:
         run: Run,
         user=None,
         enabled_tools: list[str] | None = None,
+        toolbox: Toolbox | None = None,
         knobs: AgentSettings | None = None,
     ) -> None:
         self.conversation = conversation
@@ -107,8 +108,7 @@ class Agent:
         self.user = user
         self.run = run
         self.run_id = str(run.pk)
-        enabled = conversation.enabled_tools if enabled_tools is None else enabled_tools
-        self.enabled = [name for name in enabled if name in REGISTRY]
+        self.toolbox = toolbox or toolbox_for(conversation, enabled=enabled_tools)
         self.knobs = knobs or AgentSettings.from_django()
         self.workspace = settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}"
         # (tool, argument hash) of calls that ran without error in this run.
@@ -132,8 +132,8 @@ class Agent:
                 approval_cancel_run(run_id=self.run_id)
 
     def _loop(self) -> Iterator[events.Event]:
-        schemas = [REGISTRY[name].schema() for name in self.enabled]
-        self.transcript = transcript_build(self.conversation, enabled_tools=self.enabled)
+        schemas = self.toolbox.schemas()
+        self.transcript = transcript_build(self.conversation, tools=self.toolbox.describe())
         for iteration in itertools.count():
             if self.cancel.is_set():
                 yield events.Done(cancelled=True)
@@ -195,6 +195,7 @@ class Agent:
         if refusal is not None:
             yield self._finish(call, refusal)
             return False
+        hints = list(self.toolbox.tools[call.name].hints)
         reason = self._auto_reason(call.name)
         if reason is not None:
             approval = approval_record_auto(
@@ -205,6 +206,7 @@ class Agent:
                 requested_by=self.user,
                 run_id=self.run_id,
                 tool_call_id=call.id,
+                hints=hints,
             )
             yield self._started(call, approval, awaiting=False)
             yield from self._execute(call, approval, cancel=self.cancel)
@@ -218,6 +220,7 @@ class Agent:
             requested_by=self.user,
             run_id=self.run_id,
             tool_call_id=call.id,
+            hints=hints,
         )
         self.open_approvals.add(approval.approval_id)
         yield self._started(call, approval, awaiting=True)
@@ -227,9 +230,9 @@ class Agent:
 
     def _refusal(self, call: ToolCall) -> ToolResult | None:
         """Why ``call`` is answered without running or asking, or None."""
-        tool = REGISTRY.get(call.name)
-        if tool is None or call.name not in self.enabled:
-            return ToolResult.error(not_enabled_text(call.name or "?", self.enabled))
+        tool = self.toolbox.get(call.name)
+        if tool is None:
+            return ToolResult.error(not_enabled_text(call.name or "?", list(self.toolbox.enabled)))
         if call.arguments is None:
             return ToolResult.error(
                 f"the arguments of this {call.name} call are not valid JSON: {call.error}"
@@ -292,7 +295,7 @@ class Agent:
             yield self._finish(call, ToolResult.error(CHANGED_TEXT), approval)
             return
         yield events.Status(f"Running {call.name}…")
-        result = REGISTRY[call.name].execute(
+        result = self.toolbox.tools[call.name].execute(
             approval.arguments,
             cancel=cancel,
             timeout=self.knobs.tool_timeout,
@@ -350,6 +353,8 @@ class Agent:
             ok=result.ok,
             approval_id=approval.approval_id if approval else "",
             created_at=message.created_at,
+            conversation_id=self.conversation.pk,
+            images=result.images,
         )
 
     def _save_result(
@@ -361,6 +366,7 @@ class Agent:
             role=Message.Role.TOOL,
             content=strip_nul(result.text),
             is_error=not result.ok,
+            attachments=list(result.images),
             tool_call_id=call.id,
             tool_name=call.name or "",
             tool_arguments=call.arguments or {},

@@ -15,7 +15,7 @@ class ChatConfig(AppConfig):
         import chat.signals  # noqa: F401 - sockets re-check sessions on logout
         import studio.signals  # noqa: F401 - connects the SQLite permission guard
         from approvals.signals import purge_requested
-        from chat import engine, services
+        from chat import engine, mcp, services
         from chat.tools import sandbox
         from studio.runtime import runtime
 
@@ -23,6 +23,7 @@ class ChatConfig(AppConfig):
         rt.inbox.register("run.cancel", engine.cancel_from_message)
         rt.services.append(engine.heartbeat)
         rt.on_shutdown.append(engine.cancel_all)
+        rt.on_shutdown.append(mcp.close_hub)
         purge_requested.connect(services.on_purge, dispatch_uid="chat.retire_dead_runs")
 
         if sandbox.sandbox_mode() == "none":

@@ -22,6 +22,9 @@ class MessageView:
     content: str
     created_at: datetime
     is_error: bool = False
+    # Tool results: the images the call made, and where they live.
+    attachments: list[dict] = field(default_factory=list)
+    conversation_id: int = 0
 
     @classmethod
     def of(cls, message: Message) -> MessageView:
@@ -31,6 +34,8 @@ class MessageView:
             content=message.content,
             created_at=message.created_at,
             is_error=message.is_error,
+            attachments=message.attachments,
+            conversation_id=message.conversation_id,
         )
 
 

@@ -34,6 +34,7 @@ from chat.display import MessageView
 from chat.llm import get_model
 from chat.models import Conversation, Message, Run
 from chat.services import RunBusy, run_create, run_finish, run_heartbeat
+from chat.toolbox import toolbox_for
 from studio.runtime import LocalRun, Runtime, release_connection, runtime
 
 logger = logging.getLogger(__name__)
@@ -191,6 +192,7 @@ class Stepper:
     def __init__(self, local: LocalRun) -> None:
         self.local = local
         self.agent_events = None
+        self.agent: Agent | None = None
         self.publisher: Publisher | None = None
         self.status, self.error = Run.Status.DONE, ""
 
@@ -230,12 +232,15 @@ class Stepper:
         # The first message names the conversation; every open tab shows it.
         self.publisher.send(render.title(conversation.title))
         self.publisher.flush()
-        agent = Agent(
+        agent = self.agent = Agent(
             conversation=conversation,
             model=get_model(),
             cancel=self.local.cancel,
             user=run.started_by,
             run=run,
+            # MCP servers never reached yet are asked for their tools now, on
+            # this worker thread (lazily, and never on a page load).
+            toolbox=toolbox_for(conversation, connect=True),
         )
         self.agent_events = agent.events()
 
@@ -271,6 +276,10 @@ class Stepper:
             self.publisher.send(
                 render.run_controls(running=False, conversation_id=self.local.conversation_id)
             )
+            if self.agent is not None and self.agent.toolbox.learned:
+                # The MCP tools this run found for the first time join the panel.
+                conversation = self.agent.conversation
+                self.publisher.send(render.settings_panel(conversation, oob=True))
             self.publisher.flush()
 
 

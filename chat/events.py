@@ -65,6 +65,8 @@ class ToolFinished:
     ok: bool
     approval_id: str
     created_at: datetime
+    conversation_id: int = 0
+    images: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import shlex
 import uuid
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.urls import reverse
@@ -30,6 +33,8 @@ class Conversation(models.Model):
         default=True, help_text="Ask before every tool call (unless granted)."
     )
     enabled_tools = models.JSONField(default=default_tools, blank=True)
+    # MCP tools are on by default; these are the ones the member switched off.
+    disabled_tools = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -130,6 +135,9 @@ class Message(models.Model):
     approval_id = models.CharField(max_length=64, blank=True)
     # Tool results: the call did not work (the model reads "Error: ..." in content).
     is_error = models.BooleanField(default=False)
+    # Tool results: images the call made, shown under its output
+    # ([{"name", "size", "mime", "shown"}], names relative to the workspace).
+    attachments = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -141,3 +149,86 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.role}: {self.content[:40]}"
+
+
+_KEY = r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+
+
+def parse_pairs(text: str, *, what: str) -> dict[str, str]:
+    """``KEY=value`` lines (blank lines and ``#`` comments ignored)."""
+    import re
+
+    pairs = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not re.match(_KEY, key):
+            raise ValidationError(f"{what}, line {number}: write KEY=value.")
+        pairs[key] = value.strip()
+    return pairs
+
+
+class McpServer(models.Model):
+    """An MCP server whose tools the agent may call (each call gated like a built-in)."""
+
+    name = models.CharField(
+        "Name",
+        max_length=30,
+        unique=True,
+        validators=[RegexValidator(r"^[A-Za-z0-9-]+$", "Letters, digits and '-' only.")],
+        help_text="Its tools are offered as <name>__<tool>.",
+    )
+    command = models.CharField(
+        "Command",
+        max_length=1000,
+        blank=True,
+        help_text="A stdio server: one command line, split as a shell would (no shell runs).",
+    )
+    url = models.URLField(
+        "URL", max_length=500, blank=True, help_text="A streamable-HTTP server's endpoint."
+    )
+    environment = models.TextField(
+        "Environment", blank=True, help_text="Extra variables for Command: KEY=value lines."
+    )
+    headers = models.TextField(
+        "Headers", blank=True, help_text="Extra HTTP headers for URL: Name=value lines."
+    )
+    enabled = models.BooleanField("Enabled", default=True)
+    # What this deployment last learned about it (any process may write).
+    last_connected_at = models.DateTimeField("Last connected", null=True, blank=True)
+    last_error = models.TextField("Last error", blank=True)
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    tools = models.JSONField("Tools found", default=list, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "MCP server"
+        verbose_name_plural = "MCP servers"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        if bool(self.command.strip()) == bool(self.url.strip()):
+            raise ValidationError("Give exactly one of Command (stdio) or URL (streamable HTTP).")
+        if self.command.strip():
+            try:
+                if not shlex.split(self.command):
+                    raise ValueError("empty")
+            except ValueError as exc:
+                raise ValidationError({"command": f"Not a command line: {exc}."}) from None
+        parse_pairs(self.environment, what="Environment")
+        parse_pairs(self.headers, what="Headers")
+
+    @property
+    def available(self) -> bool | None:
+        """True / False after the last connection attempt; None before any."""
+        if self.last_connected_at is None and self.last_error_at is None:
+            return None
+        if self.last_error_at is None:
+            return True
+        return self.last_connected_at is not None and self.last_connected_at > self.last_error_at

@@ -15,7 +15,7 @@ from chat import events
 from chat.display import Item, MessageView, ToolBlock, blocks_for, tool_dom_id, transcript_items
 from chat.limits import MAX_MESSAGE
 from chat.models import Conversation, Message, Run
-from chat.tools import REGISTRY
+from chat.tools import builtin_tools
 
 
 def message(view: MessageView, tool_calls: list[dict] = ()) -> str:
@@ -59,6 +59,8 @@ def tool_finished(event: events.ToolFinished) -> str:
         content=event.result,
         created_at=event.created_at,
         is_error=not event.ok,
+        attachments=list(event.images),
+        conversation_id=event.conversation_id,
     )
     if event.approval_id:
         # The card is on the page already: only the output below it changes.
@@ -129,7 +131,14 @@ def settings_context(conversation: Conversation) -> dict:
     grants = (
         ToolGrant.objects.active().filter(conversation=conversation).select_related("granted_by")
     )
-    return {"conversation": conversation, "tools": list(REGISTRY.values()), "grants": list(grants)}
+    from chat.mcp import panel
+
+    return {
+        "conversation": conversation,
+        "tools": list(builtin_tools().values()),
+        "mcp_servers": panel(conversation),
+        "grants": list(grants),
+    }
 
 
 def page_context(conversation: Conversation) -> dict:

@@ -15,7 +15,7 @@ from approvals.models import ToolApproval, ToolGrant
 from approvals.notify import member_group
 from approvals.services import approvals_end, grant_revoke
 from chat.models import Conversation, Message, Run
-from chat.tools import tool_names
+from chat.tools import builtin_tools
 from studio.runtime import runtime
 
 logger = logging.getLogger(__name__)
@@ -45,11 +45,42 @@ def conversation_start(*, owner, title: str = "New chat") -> Conversation:
 def conversation_settings_update(
     *, conversation: Conversation, confirm_tool_calls: bool, enabled_tools: list[str]
 ) -> Conversation:
-    known = tool_names()
+    """Save the panel: built-ins are switched on, MCP tools (on by default) off."""
+    from chat.mcp import known_tool_names
+
+    chosen = set(enabled_tools)
     conversation.confirm_tool_calls = confirm_tool_calls
-    conversation.enabled_tools = [name for name in known if name in set(enabled_tools)]
-    conversation.save(update_fields=["confirm_tool_calls", "enabled_tools", "updated_at"])
+    conversation.enabled_tools = [name for name in builtin_tools() if name in chosen]
+    conversation.disabled_tools = [name for name in known_tool_names() if name not in chosen]
+    conversation.save(
+        update_fields=["confirm_tool_calls", "enabled_tools", "disabled_tools", "updated_at"]
+    )
     return conversation
+
+
+def conversation_workspace(conversation: Conversation):
+    return settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}"
+
+
+def conversation_image(*, conversation: Conversation, name: str):
+    """(path, MIME type) of an image in the conversation's workspace, or None.
+
+    Only image types, only inside the workspace (no ``..``, no symlink out of
+    it), only files: a tool may write anything there, the server hands back
+    nothing else.
+    """
+    from pathlib import Path
+
+    from chat.tools.images import IMAGE_TYPES
+
+    mime = IMAGE_TYPES.get(Path(name).suffix.lower())
+    if mime is None or "\x00" in name:
+        return None
+    root = conversation_workspace(conversation).resolve()
+    path = (root / name).resolve()
+    if root not in path.parents or not path.is_file():
+        return None
+    return path, mime
 
 
 def conversation_grant_revoke(*, conversation: Conversation, grant_id: int, user) -> bool:

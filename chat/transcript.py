@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 from chat.models import Conversation, Message
-from chat.tools import REGISTRY
 
 SYSTEM_PROMPT = (
     "You are the assistant in Studio, a team chat. You can call tools: {tools}. "
@@ -40,8 +39,8 @@ def tool_message(call_id: str, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
-def transcript_build(conversation: Conversation, *, enabled_tools: list[str]) -> list[dict]:
-    tools = ", ".join(f"{n} ({REGISTRY[n].description})" for n in enabled_tools if n in REGISTRY)
+def transcript_build(conversation: Conversation, *, tools: str) -> list[dict]:
+    """``tools``: the enabled tools described for the system prompt."""
     messages: list[dict] = [
         {"role": "system", "content": SYSTEM_PROMPT.format(tools=tools or "none")}
     ]

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import os
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
+from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
@@ -12,6 +14,7 @@ from chat.limits import MAX_MESSAGE
 from chat.models import Conversation
 from chat.services import (
     conversation_grant_revoke,
+    conversation_image,
     conversation_settings_update,
     conversation_start,
 )
@@ -91,3 +94,28 @@ def grant_revoke(request: HtmxHttpRequest, conversation_id: int, grant_id: int) 
     if request.htmx:
         return HttpResponse(fragments.settings_panel(conversation, request=request))
     return redirect(conversation)
+
+
+IMAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
+
+
+@require_GET
+@login_required
+def conversation_file(request: HtmxHttpRequest, conversation_id: int, name: str) -> HttpResponse:
+    """An image a tool made, for its owner only; never anything that could run script."""
+    conversation = _owned(request, conversation_id)
+    found = conversation_image(conversation=conversation, name=name)
+    if found is None:
+        raise Http404("No such image.")
+    path, mime = found
+    try:  # the final name must not have become a symlink since it was checked
+        stream = os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+    except OSError:
+        raise Http404("No such image.") from None
+    response = FileResponse(stream, content_type=mime)
+    response["X-Content-Type-Options"] = "nosniff"
+    # An SVG opened on its own must not run script: no script, a sandbox.
+    response["Content-Security-Policy"] = IMAGE_CSP
+    response["Content-Disposition"] = "inline"
+    response["Cache-Control"] = "private, max-age=3600"
+    return response

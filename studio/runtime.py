@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.exceptions import ChannelFull
@@ -32,6 +33,9 @@ from django.db import connection
 
 from approvals.gate import Gate
 from studio.cancel import CancelToken
+
+if TYPE_CHECKING:
+    from chat.tools.mcp import McpHub
 
 logger = logging.getLogger(__name__)
 
@@ -383,6 +387,8 @@ class Runtime:
         self._tasks: list[asyncio.Task] = []
         self._ready: asyncio.Event | None = None
         self._trigger = None
+        # This process's MCP sessions (chat.mcp makes it on first use).
+        self.mcp: McpHub | None = None
 
     # -- the event loop ------------------------------------------------------------------
 

@@ -258,6 +258,12 @@ STUDIO_SANDBOX = env_choice("STUDIO_SANDBOX", "bwrap", ["bwrap", "none"])
 STUDIO_TOOL_MEMORY_MB = env_int("STUDIO_TOOL_MEMORY_MB", 512, minimum=16)
 STUDIO_TOOL_TMP_MB = env_int("STUDIO_TOOL_TMP_MB", 64, minimum=1)
 STUDIO_WORKSPACE_QUOTA_MB = env_int("STUDIO_WORKSPACE_QUOTA_MB", 256, minimum=1)
+# Images a tool makes are shown inline up to this size (larger: listed).
+STUDIO_IMAGE_MAX_MB = env_float("STUDIO_IMAGE_MAX_MB", 5, minimum=0.01)
+# A SearxNG instance for the web_search tool (absent when unset).
+STUDIO_SEARXNG_URL = env_str("STUDIO_SEARXNG_URL").rstrip("/")
+# MCP servers: seconds to connect to one before its tools count as unavailable.
+STUDIO_MCP_CONNECT_TIMEOUT = env_float("STUDIO_MCP_CONNECT_TIMEOUT", 10, minimum=0.1)
 STUDIO_WORKSPACE_ROOT = Path(env_str("STUDIO_WORKSPACE_ROOT", str(BASE_DIR / "workspaces")))
 STUDIO_WEB_FETCH_ALLOW_PRIVATE = env_bool("STUDIO_WEB_FETCH_ALLOW_PRIVATE", False)
 # Host names web_fetch may reach even when they resolve to private addresses.

@@ -28,4 +28,13 @@ def display_arguments(arguments: object) -> list[dict]:
 
 @register.filter
 def tool_icon(tool_name: str) -> str:
+    if "__" in (tool_name or ""):
+        return "mcp"
     return ICONS.get(tool_name, "fn")
+
+
+@register.filter
+def tool_label(tool_name: str) -> str:
+    """``server__tool`` (an MCP server's tool) as "server › tool"."""
+    server, sep, tool = (tool_name or "").partition("__")
+    return f"{server} › {tool}" if sep else tool_name

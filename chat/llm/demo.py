@@ -6,6 +6,8 @@ be tried without a model server:
 * a fenced python block, or ``run python: <code>`` -> ``python``
 * ``$ <command>`` or ``run: <command>``             -> ``terminal``
 * a bare http(s) URL                               -> ``web_fetch``
+* ``search: <query>``                              -> ``web_search``
+* ``call <tool> {json arguments}``                 -> any tool (an MCP server's too)
 
 After tool results it answers with a short summary of them; anything else
 gets an explanation of what it is and how to connect a real model.
@@ -13,6 +15,7 @@ gets an explanation of what it is and how to connect a real model.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 
@@ -24,6 +27,8 @@ _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.S | re.I)
 _RUN_PYTHON = re.compile(r"^\s*run python:\s*(.+)$", re.S | re.I)
 _SHELL = re.compile(r"^\s*(?:\$|run:)\s*(.+)$", re.S | re.I)
 _URL = re.compile(r"^\s*(https?://\S+)\s*$", re.I)
+_SEARCH = re.compile(r"^\s*search:\s*(.+)$", re.S | re.I)
+_CALL = re.compile(r"^\s*call\s+([A-Za-z0-9_-]+)\s*(\{.*\})?\s*$", re.S)
 
 INTRO = (
     "I'm Studio's built-in **demo model**: I run offline, I don't understand language, "
@@ -33,7 +38,9 @@ INTRO = (
     "Meanwhile I can show you the tool approvals. Try:\n"
     "- `run python: print(2 + 2)` or a fenced ```python block\n"
     "- `$ ls -la` or `run: uname -a`\n"
-    "- a bare URL such as `https://example.com`"
+    "- a bare URL such as `https://example.com`\n"
+    "- `search: django channels` (when a search engine is set up)\n"
+    '- `call <tool> {"arg": "value"}` for any enabled tool, an MCP server\'s too'
 )
 
 
@@ -74,6 +81,17 @@ class DemoModel:
         match = _URL.match(request)
         if match:
             return _call("I'll fetch that page.", "web_fetch", {"url": match.group(1)})
+        match = _SEARCH.match(request)
+        if match:
+            return _call("I'll search the web.", "web_search", {"query": match.group(1).strip()})
+        match = _CALL.match(request)
+        if match:
+            try:
+                arguments = json.loads(match.group(2) or "{}")
+            except ValueError:
+                return "Those arguments are not valid JSON.", []
+            if isinstance(arguments, dict):
+                return _call(f"I'll call {match.group(1)}.", match.group(1), arguments)
         return INTRO, []
 
     @staticmethod

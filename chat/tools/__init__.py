@@ -1,12 +1,22 @@
-"""The tool registry: one module per tool, each exporting ``TOOL``."""
+"""Built-in tools: one module per tool, each exporting ``TOOL``.
+
+``builtin_tools()`` is what a process offers now: ``web_search`` only when a
+search engine is configured. MCP servers' tools join them per run
+(``chat.toolbox``).
+"""
 
 from __future__ import annotations
 
-from chat.tools import python, terminal, web_fetch
+from django.conf import settings
+
+from chat.tools import python, terminal, web_fetch, web_search
 from chat.tools.base import Tool
 
-REGISTRY: dict[str, Tool] = {t.TOOL.name: t.TOOL for t in (python, terminal, web_fetch)}
+ALWAYS = (python.TOOL, terminal.TOOL, web_fetch.TOOL)
 
 
-def tool_names() -> list[str]:
-    return list(REGISTRY)
+def builtin_tools() -> dict[str, Tool]:
+    tools = {tool.name: tool for tool in ALWAYS}
+    if settings.STUDIO_SEARXNG_URL:
+        tools[web_search.TOOL.name] = web_search.TOOL
+    return tools

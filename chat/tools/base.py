@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 from studio.cancel import CancelToken
 
@@ -12,11 +15,14 @@ class ToolResult:
     """What a call gave back: the text the model reads, and whether it worked.
 
     A failure's text starts with ``Error:`` because that is what the model
-    should read; code looks at ``ok``, never at the text.
+    should read; code looks at ``ok``, never at the text. ``images`` are
+    files the call produced that the chat shows under the output (name,
+    size, MIME type, and whether it is small enough to show inline).
     """
 
     text: str
     ok: bool = True
+    images: tuple[dict, ...] = ()
 
     @classmethod
     def error(cls, message: str) -> ToolResult:
@@ -30,13 +36,24 @@ RunFn = Callable[..., ToolResult]
 class Tool:
     """A tool the agent may call: its schema for the model and how to run it.
 
-    ``run(arguments, *, cancel, timeout, workspace) -> ToolResult``.
+    ``run(arguments, *, cancel, timeout, workspace) -> ToolResult``. ``server``
+    and ``hints`` describe tools of MCP servers (shown on the card; never
+    trusted to skip the gate).
     """
 
     name: str
     description: str
     parameters: dict
     run: RunFn
+    server: str = ""
+    hints: tuple[str, ...] = field(default=())
+
+    @property
+    def label(self) -> str:
+        """How the card names it: ``server › tool`` for MCP tools."""
+        if self.server:
+            return f"{self.server} › {self.name.split('__', 1)[1]}"
+        return self.name
 
     def schema(self) -> dict:
         return {
@@ -52,17 +69,15 @@ class Tool:
         """A message saying what is wrong with ``arguments``, or None."""
         if not isinstance(arguments, dict):
             return "arguments must be a JSON object"
-        properties = self.parameters.get("properties", {})
-        for name in self.parameters.get("required", []):
-            if name not in arguments:
-                return f"missing required argument '{name}'"
-        for name, value in arguments.items():
-            if name not in properties:
-                return f"unknown argument '{name}'"
-            expected = properties[name].get("type")
-            if expected == "string" and not isinstance(value, str):
-                return f"argument '{name}' must be a string"
-        return None
+        try:
+            validator = Draft202012Validator(self.parameters)
+            error = next(iter(sorted(validator.iter_errors(arguments), key=str)), None)
+        except SchemaError as exc:
+            return f"the tool's own schema is invalid: {exc.message}"
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path)
+        return f"{error.message}" + (f" (at '{where}')" if where else "")
 
     def execute(
         self, arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path

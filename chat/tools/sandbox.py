@@ -55,6 +55,7 @@ from functools import cache
 from pathlib import Path
 
 from chat.tools.base import ToolResult
+from chat.tools.images import notice_for, produced, snapshot
 from studio.cancel import CancelToken
 from studio.text import strip_nul
 
@@ -548,6 +549,26 @@ def run_sandboxed(
     finally:
         if cgroup is not None:
             cgroup.remove()
+
+
+def run_tool(argv: list[str], *, workspace: Path, **kwargs) -> ToolResult:
+    """Run ``argv`` in the sandbox as a tool call: its result, with the images it made."""
+    workspace.mkdir(parents=True, exist_ok=True)
+    before = snapshot(workspace)
+    try:
+        result = run_sandboxed(argv, workspace=workspace, **kwargs).as_result(
+            timeout=kwargs["timeout"]
+        )
+    except SandboxUnavailable as exc:
+        return ToolResult(str(exc), ok=False)
+    made = produced(workspace, before)
+    if not made:
+        return result
+    return ToolResult(
+        result.text + notice_for(made),
+        ok=result.ok,
+        images=tuple(image.as_dict() for image in made),
+    )
 
 
 def _run(

@@ -5,21 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from chat.tools.base import Tool, ToolResult
-from chat.tools.sandbox import SandboxUnavailable, run_sandboxed
+from chat.tools.sandbox import run_tool
 from studio.cancel import CancelToken
 
 
 def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> ToolResult:
-    try:
-        result = run_sandboxed(
-            ["/bin/bash", "-c", arguments["command"]],
-            workspace=workspace,
-            timeout=timeout,
-            cancel=cancel,
-        )
-    except SandboxUnavailable as exc:
-        return ToolResult(str(exc), ok=False)
-    return result.as_result(timeout=timeout)
+    return run_tool(
+        ["/bin/bash", "-c", arguments["command"]],
+        workspace=workspace,
+        timeout=timeout,
+        cancel=cancel,
+    )
 
 
 TOOL = Tool(
@@ -32,6 +28,7 @@ TOOL = Tool(
         "type": "object",
         "properties": {"command": {"type": "string", "description": "The command line to run."}},
         "required": ["command"],
+        "additionalProperties": False,
     },
     run=run,
 )

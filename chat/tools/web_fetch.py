@@ -314,6 +314,7 @@ TOOL = Tool(
         "type": "object",
         "properties": {"url": {"type": "string", "description": "The http(s) URL to fetch."}},
         "required": ["url"],
+        "additionalProperties": False,
     },
     run=run,
 )

@@ -110,7 +110,7 @@ def test_unknown_tool_and_bad_arguments_are_not_prompted(conversation):
     results = [e.result for e in driver.of(ToolFinished)]
     assert results[0].startswith("Error: tool 'rm_rf' is not enabled")
     assert results[1].startswith("Error: the arguments of this python call are not valid JSON")
-    assert results[2] == "Error: missing required argument 'code'."
+    assert results[2] == "Error: 'code' is a required property."
     assert not ToolApproval.objects.exists()
 
 

@@ -4,11 +4,11 @@ import pytest
 
 from chat.llm.base import TextDelta, TurnEnd
 from chat.llm.demo import DemoModel
-from chat.tools import REGISTRY
+from chat.tools import builtin_tools
 from studio.cancel import CancelToken
 from studio.wording import REJECTION_TEXT
 
-TOOLS = [tool.schema() for tool in REGISTRY.values()]
+TOOLS = [tool.schema() for tool in builtin_tools().values()]
 
 
 def ask(messages: list[dict]) -> tuple[list[str], TurnEnd]:

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from chat.tools import REGISTRY, sandbox
+from chat.tools import builtin_tools, sandbox
 from chat.tools.sandbox import MB, Limits, run_sandboxed
 from studio.cancel import CancelToken
 
@@ -32,7 +32,7 @@ def workspace(workspace_root, request):
 
 def python(code: str, workspace, *, timeout: float = TIMEOUT, cancel=None) -> str:
     return (
-        REGISTRY["python"]
+        builtin_tools()["python"]
         .execute(
             {"code": code}, cancel=cancel or CancelToken(), timeout=timeout, workspace=workspace
         )
@@ -42,7 +42,7 @@ def python(code: str, workspace, *, timeout: float = TIMEOUT, cancel=None) -> st
 
 def terminal(command: str, workspace, *, timeout: float = TIMEOUT, cancel=None) -> str:
     return (
-        REGISTRY["terminal"]
+        builtin_tools()["terminal"]
         .execute(
             {"command": command},
             cancel=cancel or CancelToken(),

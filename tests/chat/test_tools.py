@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from chat.tools import REGISTRY
+from chat.tools import builtin_tools
 from chat.tools.sandbox import OUTPUT_CAP
 from studio.cancel import CancelToken
 
@@ -24,7 +24,7 @@ def workspace(workspace_root, request):
 
 def python(code: str, workspace, timeout: float = TIMEOUT, cancel=None) -> str:
     return (
-        REGISTRY["python"]
+        builtin_tools()["python"]
         .execute(
             {"code": code}, cancel=cancel or CancelToken(), timeout=timeout, workspace=workspace
         )
@@ -34,7 +34,7 @@ def python(code: str, workspace, timeout: float = TIMEOUT, cancel=None) -> str:
 
 def terminal(command: str, workspace, timeout: float = TIMEOUT) -> str:
     return (
-        REGISTRY["terminal"]
+        builtin_tools()["terminal"]
         .execute({"command": command}, cancel=CancelToken(), timeout=timeout, workspace=workspace)
         .text
     )
@@ -84,7 +84,7 @@ def test_file_size_limit(workspace):
 
 def fetch(url: str) -> str:
     return (
-        REGISTRY["web_fetch"]
+        builtin_tools()["web_fetch"]
         .execute({"url": url}, cancel=CancelToken(), timeout=5, workspace=None)
         .text
     )
@@ -195,7 +195,7 @@ def test_an_allowed_host_is_allowed_on_its_own_port_only(settings, site):
 def test_a_dripping_server_cannot_hold_the_call_past_its_deadline(site):
     started = time.monotonic()
     out = (
-        REGISTRY["web_fetch"]
+        builtin_tools()["web_fetch"]
         .execute({"url": site + "/drip"}, cancel=CancelToken(), timeout=1.5, workspace=None)
         .text
     )
@@ -208,7 +208,7 @@ def test_stop_ends_a_download_at_once(site):
     threading.Timer(0.5, cancel.cancel).start()
     started = time.monotonic()
     out = (
-        REGISTRY["web_fetch"]
+        builtin_tools()["web_fetch"]
         .execute({"url": site + "/drip"}, cancel=cancel, timeout=20, workspace=None)
         .text
     )

@@ -1,0 +1,146 @@
+"""The MCP servers admins configure: their rows, this process's hub, their tools for a run.
+
+Page loads only read the rows (the tools each server last listed, and
+whether it was reachable), so a server that is down never blocks a page. A
+run asks the hub for a server's tools only when the server was never
+reached yet (the session opens lazily); a call to a server that went down
+returns a clear tool error.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+
+from django.conf import settings
+from django.utils import timezone
+
+from chat.models import McpServer, parse_pairs
+from chat.tools.base import Tool
+from chat.tools.mcp import McpHub, McpUnavailable, RemoteTool, Report, ServerSpec, remote_tool
+from studio.runtime import Runtime, runtime
+
+logger = logging.getLogger(__name__)
+
+
+def hub() -> McpHub:
+    """This process's MCP hub (made on first use; closed when the process stops)."""
+    rt = runtime()
+    with rt.lock:
+        if rt.mcp is None:
+            rt.mcp = McpHub(on_report=_record, connect_timeout=settings.STUDIO_MCP_CONNECT_TIMEOUT)
+    return rt.mcp
+
+
+async def close_hub(rt: Runtime) -> None:
+    """Shutdown hook: close every MCP session of this process."""
+    if rt.mcp is not None:
+        await rt.off_loop(rt.mcp.close)
+
+
+def _record(report: Report) -> None:
+    """Keep what the hub learned on the server's row (off the hub's own loop)."""
+    runtime().io_pool.submit(_save_report, report)
+
+
+def _save_report(report: Report) -> None:
+    from studio.runtime import release_connection
+
+    now = timezone.now()
+    try:
+        rows = McpServer.objects.filter(name=report.server)
+        if report.connected:
+            rows.update(last_connected_at=now, tools=[t.as_dict() for t in report.tools])
+        else:
+            rows.update(last_error=report.error[:2000], last_error_at=now)
+    except Exception:
+        logger.exception("could not record the state of MCP server %s", report.server)
+    finally:
+        release_connection()
+
+
+def spec_for(server: McpServer) -> ServerSpec:
+    return ServerSpec(
+        name=server.name,
+        command=tuple(shlex.split(server.command)) if server.command.strip() else (),
+        url=server.url.strip(),
+        env=tuple(sorted(parse_pairs(server.environment, what="Environment").items())),
+        headers=tuple(sorted(parse_pairs(server.headers, what="Headers").items())),
+    )
+
+
+def server_tools(server: McpServer, *, connect: bool) -> list[Tool]:
+    """One server's tools as Studio tools: from its row, or (``connect``) by asking it."""
+    spec = spec_for(server)
+    remote = [RemoteTool.from_dict(t) for t in server.tools]
+    if connect and server.available is None:
+        try:
+            remote = list(hub().tools(spec))
+        except McpUnavailable as exc:
+            logger.warning("%s", exc)
+            return []
+    elif server.available is False:
+        return []  # shown as unavailable; the model is not offered them
+    return [
+        remote_tool(hub(), spec, tool, description_prefix=f"(MCP server {server.name}) ")
+        for tool in remote
+    ]
+
+
+def never_reached() -> bool:
+    """Some enabled server has not been connected to yet (by any process)."""
+    return McpServer.objects.filter(
+        enabled=True, last_connected_at__isnull=True, last_error_at__isnull=True
+    ).exists()
+
+
+def mcp_tools(*, connect: bool = False) -> dict[str, Tool]:
+    """Every enabled server's tools, by the name the model uses."""
+    tools: dict[str, Tool] = {}
+    for server in McpServer.objects.filter(enabled=True):
+        for tool in server_tools(server, connect=connect):
+            tools[tool.name] = tool
+    return tools
+
+
+def refresh_tools(server: McpServer) -> int:
+    """Ask the server for its tools now (admin action); returns how many it has."""
+    tools = hub().refresh(spec_for(server))
+    McpServer.objects.filter(pk=server.pk).update(
+        last_connected_at=timezone.now(), tools=[t.as_dict() for t in tools]
+    )
+    return len(tools)
+
+
+def panel(conversation) -> list[dict]:
+    """The settings panel's MCP section, from the rows alone (never blocks on a server)."""
+    from chat.tools.mcp import tool_name
+
+    servers = []
+    for server in McpServer.objects.filter(enabled=True):
+        tools = [
+            {
+                "name": tool_name(server.name, t["name"]),
+                "label": t["name"],
+                "description": t.get("description", ""),
+                "hints": t.get("hints", []),
+                "enabled": tool_name(server.name, t["name"]) not in conversation.disabled_tools,
+            }
+            for t in server.tools
+        ]
+        servers.append(
+            {"name": server.name, "available": server.available, "error": server.last_error,
+             "tools": tools}
+        )  # fmt: skip
+    return servers
+
+
+def known_tool_names() -> list[str]:
+    """The names of every enabled server's last-listed tools."""
+    from chat.tools.mcp import tool_name
+
+    return [
+        tool_name(server.name, t["name"])
+        for server in McpServer.objects.filter(enabled=True)
+        for t in server.tools
+    ]

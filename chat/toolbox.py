@@ -1,0 +1,48 @@
+"""The tools one run may use: the built-ins and the MCP servers' tools."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chat.models import Conversation
+from chat.tools import builtin_tools
+from chat.tools.base import Tool
+
+
+@dataclass(frozen=True)
+class Toolbox:
+    """Every tool the process knows, and the ones this conversation switched on."""
+
+    tools: dict[str, Tool]
+    enabled: tuple[str, ...]
+    # Some MCP server was reached for the first time to build it: the
+    # settings panels showing "connects on first use" are out of date.
+    learned: bool = False
+
+    def get(self, name: str) -> Tool | None:
+        """The tool, if it is enabled for this run."""
+        return self.tools.get(name) if name in self.enabled else None
+
+    def schemas(self) -> list[dict]:
+        return [self.tools[name].schema() for name in self.enabled]
+
+    def describe(self) -> str:
+        return ", ".join(f"{n} ({self.tools[n].description})" for n in self.enabled)
+
+
+def toolbox_for(
+    conversation: Conversation, *, enabled: list[str] | None = None, connect: bool = False
+) -> Toolbox:
+    """The tools of a run in ``conversation`` (``connect``: open MCP sessions not yet open)."""
+    from chat.mcp import mcp_tools, never_reached
+
+    builtins = builtin_tools()
+    learned = connect and never_reached()
+    remote = mcp_tools(connect=connect)
+    tools = {**builtins, **remote}
+    if enabled is None:
+        enabled = [name for name in conversation.enabled_tools if name in builtins]
+        enabled += [name for name in remote if name not in conversation.disabled_tools]
+    return Toolbox(
+        tools=tools, enabled=tuple(name for name in enabled if name in tools), learned=learned
+    )

@@ -1,0 +1,300 @@
+"""MCP servers' tools, with a real server built on the SDK's MCPServer, over stdio and HTTP."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from approvals.models import ToolApproval
+from approvals.services import approval_decide
+from chat.events import ToolFinished, ToolStarted
+from chat.mcp import mcp_tools
+from chat.models import McpServer
+from chat.toolbox import toolbox_for
+from studio.cancel import CancelToken
+from studio.runtime import runtime
+from tests.factories import make_run
+from tests.helpers.driver import AgentDriver
+from tests.helpers.procs import ROOT, read_line, spawn
+from tests.helpers.scripted import ScriptedModel, call
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SERVER = str(ROOT / "tests" / "helpers" / "mcp_server.py")
+BOUND = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fresh_hub():
+    """This test's sessions are its own, and are closed after it."""
+    rt = runtime()
+    old, rt.mcp = rt.mcp, None
+    yield
+    if rt.mcp is not None:
+        rt.mcp.close()
+    rt.mcp = old
+
+
+class HttpServer:
+    """The test server over streamable HTTP, in a process of its own."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, SERVER, "http", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + BOUND
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+                return
+            except OSError:
+                assert time.monotonic() < deadline, "the MCP test server did not start"
+                time.sleep(0.1)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def http_server():
+    server = HttpServer()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(params=["stdio", "http"])
+def server(request, fresh_hub) -> McpServer:
+    if request.param == "stdio":
+        return McpServer.objects.create(name="tools", command=f"{sys.executable} {SERVER} stdio")
+    http = request.getfixturevalue("http_server")
+    return McpServer.objects.create(name="tools", url=http.url, headers="X-Team=studio")
+
+
+def run_agent(conversation, calls, *, knobs=None):
+    model = ScriptedModel([("", calls), ("Done.", [])])
+    return AgentDriver.start(
+        conversation=conversation,
+        model=model,
+        user=conversation.owner,
+        run=make_run(conversation, status="done"),
+        toolbox=toolbox_for(conversation, connect=True),
+        knobs={"poll": 30, **(knobs or {})},
+    )
+
+
+def test_tools_are_listed_with_their_hints_and_remembered_on_the_row(server, conversation):
+    toolbox = toolbox_for(conversation, connect=True)
+    assert {"tools__echo", "tools__remove", "tools__picture"} <= set(toolbox.enabled)
+    assert toolbox.tools["tools__echo"].hints == ("read-only", "idempotent")
+    assert toolbox.tools["tools__remove"].hints == ("destructive", "open-world")
+    assert toolbox.tools["tools__echo"].parameters["required"] == ["text"]
+    deadline = time.monotonic() + BOUND
+    while not McpServer.objects.get(pk=server.pk).tools:
+        assert time.monotonic() < deadline, "the row never learned the tools"
+        time.sleep(0.05)
+    row = McpServer.objects.get(pk=server.pk)
+    assert row.available is True and len(row.tools) == 7
+
+
+@pytest.mark.parametrize("decision", ["allow", "deny"])
+def test_an_mcp_call_waits_for_a_decision_like_any_tool(server, conversation, alice, decision):
+    driver = run_agent(conversation, [call("tools__echo", {"text": "gated"})])
+    started = driver.wait_for(ToolStarted)
+    assert started.awaiting
+    row = ToolApproval.objects.get(approval_id=started.approval_id)
+    assert (row.tool_name, row.status, row.tool_hints) == (
+        "tools__echo",
+        "pending",
+        ["read-only", "idempotent"],  # shown, and still asked: hints never skip the gate
+    )
+    approval_decide(approval_id=started.approval_id, user=alice, decision=decision)
+    result = driver.wait_for(ToolFinished).result
+    driver.finish()
+    if decision == "allow":
+        assert re.match(r"echo from pid \d+: gated$", result)
+    else:
+        assert result == "The user declined to run this tool call."
+
+
+def test_disabled_mcp_tools_are_not_offered_or_run(server, conversation):
+    conversation.disabled_tools = ["tools__echo"]
+    conversation.save()
+    driver = run_agent(conversation, [call("tools__echo", {"text": "x"})])
+    driver.finish()
+    assert not driver.of(ToolStarted)
+    assert "is not enabled" in driver.of(ToolFinished)[0].result
+
+
+def execute(server_row: McpServer, tool: str, arguments: dict, *, timeout=10.0, cancel=None):
+    tools = mcp_tools(connect=True)
+    return tools[f"{server_row.name}__{tool}"].execute(
+        arguments,
+        cancel=cancel or CancelToken(),
+        timeout=timeout,
+        workspace=runtime().mcp and _workspace(),
+    )
+
+
+def _workspace():
+    from django.conf import settings
+
+    return settings.STUDIO_WORKSPACE_ROOT / "conversation-4242"
+
+
+def test_an_error_result_is_a_tool_error(server):
+    result = execute(server, "fail", {"reason": "no disk"})
+    assert not result.ok and result.text == "Error: Error executing tool fail: it failed: no disk"
+
+
+def test_a_slow_tool_hits_the_timeout(server):
+    started = time.monotonic()
+    result = execute(server, "slow", {"seconds": 5}, timeout=0.5)
+    assert result.text == "Error: the MCP tool did not answer within 0.5 s."
+    assert time.monotonic() - started < 3
+
+
+def test_stop_cancels_a_call(server):
+    import threading
+
+    cancel = CancelToken()
+    threading.Timer(0.3, cancel.cancel).start()
+    result = execute(server, "slow", {"seconds": 5}, cancel=cancel)
+    assert result.text == "Error: stopped by the user."
+
+
+def test_images_and_structured_content(server):
+    picture = execute(server, "picture", {})
+    (image,) = picture.images
+    assert image["mime"] == "image/png" and image["shown"] and image["size"] == 70
+    assert (_workspace() / image["name"]).read_bytes().startswith(b"\x89PNG")
+    assert "Images returned: mcp-images/" in picture.text
+    stats = execute(server, "stats", {"values": [1, 2, 3.5]})
+    assert stats.ok and stats.text == '{\n  "count": 3.0,\n  "total": 6.5\n}'
+
+
+def test_a_crash_mid_session_is_an_error_then_the_session_recovers(server, request):
+    first = execute(server, "echo", {"text": "before"}).text
+    crashed = execute(server, "crash", {})
+    assert not crashed.ok and "failed during the call" in crashed.text
+    # Shown as unavailable (not offered to the model) until the hub has
+    # reconnected by itself, after its backoff.
+    deadline = time.monotonic() + BOUND
+    while McpServer.objects.get(pk=server.pk).available is not False:
+        assert time.monotonic() < deadline, "the crash was never recorded"
+        time.sleep(0.05)
+    assert "tools__echo" not in mcp_tools()
+    if server.url:
+        request.getfixturevalue("http_server").start()  # it died with the crash: back up
+    while McpServer.objects.get(pk=server.pk).available is not True:
+        assert time.monotonic() < deadline, "the session never came back"
+        time.sleep(0.1)
+    after = execute(server, "echo", {"text": "after"})
+    assert after.ok, after.text
+    pid = re.compile(r"pid (\d+)")
+    if server.command:  # stdio: a new server process
+        assert pid.search(first).group(1) != pid.search(after.text).group(1)
+
+
+def test_a_server_that_is_down_blocks_nothing(fresh_hub, conversation, alice, client):
+    McpServer.objects.create(name="broken", command="/bin/false")
+    started = time.monotonic()
+    toolbox = toolbox_for(conversation, connect=True)
+    assert not [n for n in toolbox.tools if n.startswith("broken__")]
+    assert time.monotonic() - started < 10
+    deadline = time.monotonic() + BOUND
+    while McpServer.objects.get(name="broken").available is not False:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # A page load reads the row only: fast, and says "unavailable".
+    client.force_login(alice)
+    started = time.monotonic()
+    page = client.get(conversation.get_absolute_url())
+    assert page.status_code == 200 and time.monotonic() - started < 2
+    assert 'data-mcp-server="broken" data-available="false"' in page.content.decode()
+
+
+def test_a_call_to_a_server_gone_down_is_a_clear_tool_error(fresh_hub, http_server, conversation):
+    row = McpServer.objects.create(name="web", url=http_server.url)
+    assert execute(row, "echo", {"text": "up"}).ok
+    http_server.kill()
+    result = execute(row, "echo", {"text": "down?"})
+    assert not result.ok and "MCP server 'web'" in result.text
+
+
+@pytest.mark.anydb
+def test_two_processes_each_have_their_own_session(fresh_hub, conversation):
+    McpServer.objects.create(name="tools", command=f"{sys.executable} {SERVER} stdio")
+    mine = execute(McpServer.objects.get(name="tools"), "echo", {"text": "parent"}).text
+    child = spawn("mcp_call_proc.py", "tools")
+    theirs = read_line(child, BOUND)
+    child.wait(BOUND)
+    pid = re.compile(r"echo from pid (\d+)")
+    assert pid.search(mine) and pid.search(theirs)
+    assert pid.search(mine).group(1) != pid.search(theirs).group(1)
+
+
+# --- the admin ---------------------------------------------------------------------------
+
+
+def test_the_admin_never_shows_secrets_back_and_refreshes_tools(admin_user, fresh_hub):
+    from django.test import Client
+
+    client = Client()
+    client.force_login(admin_user)
+    add = client.post(
+        "/admin/chat/mcpserver/add/",
+        {
+            "name": "tools",
+            "command": f"{sys.executable} {SERVER} stdio",
+            "url": "",
+            "environment": "API_TOKEN=s3cret-value\nREGION=eu",
+            "headers": "",
+            "enabled": "on",
+        },
+    )
+    assert add.status_code == 302, add.content.decode()[:2000]
+    row = McpServer.objects.get(name="tools")
+    assert row.environment == "API_TOKEN=s3cret-value\nREGION=eu"
+    page = client.get(f"/admin/chat/mcpserver/{row.pk}/change/").content.decode()
+    assert "s3cret-value" not in page and "API_TOKEN, REGION" in page
+    # Saving without touching the field keeps the secret.
+    client.post(
+        f"/admin/chat/mcpserver/{row.pk}/change/",
+        {"name": "tools", "command": row.command, "url": "", "environment": "", "headers": ""},
+    )
+    assert McpServer.objects.get(pk=row.pk).environment == row.environment
+    both = client.post(
+        "/admin/chat/mcpserver/add/",
+        {"name": "both", "command": "x", "url": "https://example.com/mcp", "enabled": "on"},
+    )
+    assert "Give exactly one of Command" in both.content.decode()
+    refreshed = client.post(
+        "/admin/chat/mcpserver/",
+        {"action": "refresh_tools", "_selected_action": [row.pk]},
+        follow=True,
+    )
+    page = refreshed.content.decode()
+    assert "MCP server tools: 7 tool(s) found." in page, re.findall(
+        r"<li class=\"(?:success|info|error|warning)\">(.*?)</li>", page
+    )
+    assert len(McpServer.objects.get(pk=row.pk).tools) == 7
