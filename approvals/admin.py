@@ -3,11 +3,15 @@ from __future__ import annotations
 import csv
 import json
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
+from django.utils.html import format_html
 
-from approvals.models import ToolApproval, ToolGrant
+from approvals.models import ToolApproval, ToolRule
+from approvals.services import policy_rules
+from approvals.templatetags.approvals_tags import edit_diff
 
 CSV_FIELDS = [
     "approval_id",
@@ -25,6 +29,10 @@ CSV_FIELDS = [
     "wait_seconds",
     "note",
     "run_id",
+    "approved_arguments",
+    "approved_sha256",
+    "rule_id",
+    "rule",
 ]
 
 
@@ -55,9 +63,24 @@ def export_csv(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
             "" if a.wait_seconds is None else f"{a.wait_seconds:.3f}",
             a.note,
             a.run_id,
+            ""
+            if a.approved_arguments is None
+            else json.dumps(a.approved_arguments, ensure_ascii=False),
+            a.approved_sha256,
+            a.rule_id or "",
+            rule_text(a.rule_snapshot),
         ]
         writer.writerow([csv_safe(str(cell)) for cell in cells])
     return response
+
+
+def rule_text(snapshot: dict | None) -> str:
+    """A rule as the audit keeps it: ``deny terminal "rm -rf*" (everyone) — note``."""
+    if not snapshot:
+        return ""
+    pattern = f' "{snapshot["pattern"]}"' if snapshot.get("pattern") else ""
+    note = f" — {snapshot['note']}" if snapshot.get("note") else ""
+    return f"{snapshot['action']} {snapshot['tool']}{pattern} ({snapshot['scope']}){note}"
 
 
 def csv_safe(value: str) -> str:
@@ -92,8 +115,20 @@ class ToolApprovalAdmin(admin.ModelAdmin):
     date_hierarchy = "requested_at"
     list_select_related = ["conversation", "requested_by", "decided_by"]
     actions = [export_csv]
-    readonly_fields = [f.name for f in ToolApproval._meta.fields]
+    readonly_fields = ["why", "edits", *(f.name for f in ToolApproval._meta.fields)]
     show_full_result_count = False
+
+    @admin.display(description="why")
+    def why(self, obj: ToolApproval) -> str:
+        rule = rule_text(obj.rule_snapshot)
+        return f"{obj.status_label}" + (f" · rule: {rule}" if rule else "")
+
+    @admin.display(description="edits")
+    def edits(self, obj: ToolApproval) -> str:
+        if not obj.was_edited:
+            return "—"
+        lines = "\n".join(line["text"] for line in edit_diff(obj))
+        return format_html('<pre class="edit-diff">{}</pre>', lines)
 
     @admin.display(description="wait")
     def wait_time(self, obj: ToolApproval) -> str:
@@ -117,28 +152,71 @@ class ToolApprovalAdmin(admin.ModelAdmin):
         return request.user.is_superuser
 
 
-@admin.register(ToolGrant)
-class ToolGrantAdmin(admin.ModelAdmin):
-    list_display = [
-        "conversation",
-        "tool_name",
-        "granted_by",
-        "granted_at",
-        "revoked_by",
-        "revoked_at",
-    ]
-    list_filter = ["tool_name", ("revoked_at", admin.EmptyFieldListFilter)]
-    search_fields = ["tool_name", "conversation__title", "granted_by__username"]
-    list_select_related = ["conversation", "granted_by", "revoked_by"]
-    readonly_fields = [
-        "conversation",
-        "tool_name",
-        "granted_by",
-        "granted_at",
-        "revoked_by",
-        "revoked_at",
-    ]
-    date_hierarchy = "granted_at"
+class ToolRuleForm(forms.ModelForm):
+    class Meta:
+        model = ToolRule
+        fields = ["tool", "pattern", "action", "note", "scope", "member", "conversation"]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
+    def clean(self):
+        data = super().clean()
+        scope = data.get("scope")
+        if scope == ToolRule.Scope.EVERYONE and (data.get("member") or data.get("conversation")):
+            raise forms.ValidationError("A rule for everyone names no member or conversation.")
+        if scope == ToolRule.Scope.MEMBER and (not data.get("member") or data.get("conversation")):
+            raise forms.ValidationError("A member's rule names the member (and no conversation).")
+        if scope == ToolRule.Scope.CONVERSATION and not data.get("conversation"):
+            raise forms.ValidationError("A conversation's rule names the conversation.")
+        return data
+
+
+@admin.register(ToolRule)
+class ToolRuleAdmin(admin.ModelAdmin):
+    """Tool rules: for Tool, when a call matches Pattern, the Action.
+
+    Precedence: any matching Deny, then Review, then Ask, then Allow, then
+    the conversation's Confirm switch. Members' own rules are listed too.
+    """
+
+    form = ToolRuleForm
+    list_display = ["tool", "pattern", "action", "scope", "member", "hits", "last_hit_at", "active"]
+    list_filter = ["action", "scope", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["tool", "pattern", "note", "member__username"]
+    list_select_related = ["member", "conversation"]
+    raw_id_fields = ["member", "conversation"]
+    readonly_fields = [
+        "hits",
+        "last_hit_at",
+        "created_by",
+        "created_at",
+        "revoked_by",
+        "revoked_at",
+    ]
+    actions = ["revoke"]
+
+    @admin.display(boolean=True, description="active")
+    def active(self, obj: ToolRule) -> bool:
+        return obj.revoked_at is None
+
+    @admin.action(description="Revoke the selected rules")
+    def revoke(self, request: HttpRequest, queryset) -> None:
+        count = queryset.filter(revoked_at__isnull=True).update(
+            revoked_at=timezone.now(), revoked_by=request.user
+        )
+        self.message_user(request, f"Revoked {count} rule(s).")
+
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        # STUDIO_AUTO_ALLOW_TOOLS: Allow rules for everyone that live in the
+        # environment, not in this table (so they cannot be edited here).
+        tools = [rule.tool for rule in policy_rules()]
+        if tools and request.method == "GET":
+            self.message_user(
+                request,
+                "Also allowed for everyone by STUDIO_AUTO_ALLOW_TOOLS (read-only): "
+                + ", ".join(tools),
+            )
+        return super().changelist_view(request, extra_context)
+
+    def save_model(self, request, obj: ToolRule, form, change: bool) -> None:
+        if not change:
+            obj.created_by = request.user
+        super().save_model(request, obj, form, change)

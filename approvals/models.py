@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets
 from datetime import datetime
 
@@ -10,14 +9,13 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from approvals.patterns import glob_match
+from studio.text import canonical_json
+
 
 def new_approval_id() -> str:
     """128 bits from the OS's CSPRNG, URL-safe: unguessable and unenumerable."""
     return secrets.token_urlsafe(16)
-
-
-def canonical_json(arguments: object) -> str:
-    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def arguments_hash(arguments: object) -> str:
@@ -48,9 +46,15 @@ class ToolApproval(models.Model):
         DENIED = "denied", "Denied"
 
     class Reason(models.TextChoices):
-        USER = "user", "User decision"
-        ALWAYS_ALLOW = "always_allow", "Always-allow grant"
-        POLICY = "policy", "Admin policy"
+        # A person decided.
+        USER = "user", "Decided by a person"
+        EDITED = "edited", "Allowed with edits"
+        ALWAYS_ALLOW = "always_allow", "Allowed, and made a rule"
+        # It ran or was blocked without asking anyone.
+        RULE = "rule", "A rule"
+        CONFIRM_OFF = "confirm_off", "Confirmation switched off by the member"
+        POLICY = "policy", "Admin policy (STUDIO_AUTO_ALLOW_TOOLS)"
+        # Nobody decided.
         TIMEOUT = "timeout", "Timed out"
         CANCELLED = "cancelled", "Cancelled"
         EXPIRED = "expired", "Expired"
@@ -70,8 +74,24 @@ class ToolApproval(models.Model):
     # as shown on the card when the call was requested. Hints, never trusted.
     tool_hints = models.JSONField(default=list, blank=True)
     tool_call_id = models.CharField(max_length=100, blank=True)
+    # The tool's parameter schema as the model was given it (edits are checked
+    # against it, and the audit keeps what the call was allowed to look like).
+    tool_schema = models.JSONField(default=dict, blank=True)
+    # The model's arguments, as asked for, and their hash.
     arguments = models.JSONField(default=dict, blank=True)
     arguments_sha256 = models.CharField(max_length=64)
+    # What rules match against: the command, the URL, the code, or the
+    # arguments as canonical JSON.
+    subject = models.TextField(blank=True)
+    # "Allowed with edits": the arguments that ran instead, and their hash.
+    approved_arguments = models.JSONField(null=True, blank=True)
+    approved_sha256 = models.CharField(max_length=64, blank=True)
+    # The rule that decided it (or that an "Always allow" created), and a copy
+    # of it: deleting the rule keeps the history.
+    rule = models.ForeignKey(
+        "approvals.ToolRule", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    rule_snapshot = models.JSONField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     reason = models.CharField(max_length=16, choices=Reason.choices, blank=True)
     decided_by = models.ForeignKey(
@@ -117,12 +137,23 @@ class ToolApproval(models.Model):
     def is_allowed(self) -> bool:
         return self.status == self.Status.ALLOWED
 
+    @property
+    def arguments_to_run(self) -> dict:
+        """What runs: the edited arguments when a person edited them, else the model's."""
+        return self.arguments if self.approved_arguments is None else self.approved_arguments
+
+    @property
+    def was_edited(self) -> bool:
+        return self.approved_arguments is not None
+
     def arguments_intact(self) -> bool:
-        """True when the stored arguments still hash to what was asked for.
+        """True when what would run still hashes to what was asked for (or approved).
 
         The run executes the row's arguments, not its own copy; the hash makes
-        sure nothing rewrote them between the request and the decision.
+        sure nothing rewrote them between the request (or the edit) and the run.
         """
+        if self.approved_arguments is not None:
+            return arguments_hash(self.approved_arguments) == self.approved_sha256
         return arguments_hash(self.arguments) == self.arguments_sha256
 
     @property
@@ -133,55 +164,123 @@ class ToolApproval(models.Model):
 
     @property
     def status_label(self) -> str:
-        """What the card says: a timeout or a cancel is not a user's deny."""
+        """What the card says: a timeout or a cancel is not a person's deny,
+        and a rule, the member's switch and the admin's policy are told apart."""
         if self.status == self.Status.PENDING:
             return "Waiting for your decision"
         if self.reason in (self.Reason.TIMEOUT, self.Reason.CANCELLED, self.Reason.EXPIRED):
             return self.get_reason_display()
         if self.status == self.Status.ALLOWED:
-            if self.reason == self.Reason.ALWAYS_ALLOW:
-                return "Allowed (always allow)"
-            if self.reason == self.Reason.POLICY:
-                return "Allowed by policy"
-            return "Allowed"
+            return {
+                self.Reason.EDITED: "Allowed with edits",
+                self.Reason.ALWAYS_ALLOW: "Allowed (always)",
+                self.Reason.RULE: "Allowed by a rule",
+                self.Reason.CONFIRM_OFF: "Ran without asking (confirmation off)",
+                self.Reason.POLICY: "Allowed by admin policy",
+            }.get(self.reason, "Allowed")
+        if self.reason == self.Reason.RULE:
+            return "Blocked by a rule"
         return "Denied"
 
 
-class ToolGrantQuerySet(models.QuerySet):
-    def active(self) -> ToolGrantQuerySet:
+class RuleQuerySet(models.QuerySet):
+    def active(self) -> RuleQuerySet:
         return self.filter(revoked_at__isnull=True)
 
+    def applying_to(self, conversation) -> RuleQuerySet:
+        """Rules for everyone, for the conversation's member, and for the conversation."""
+        return self.active().filter(
+            Q(scope=ToolRule.Scope.EVERYONE)
+            | Q(scope=ToolRule.Scope.MEMBER, member_id=conversation.owner_id)
+            | Q(scope=ToolRule.Scope.CONVERSATION, conversation_id=conversation.pk)
+        )
 
-class ToolGrant(models.Model):
-    """ "Always allow": one tool in one conversation, until revoked."""
 
+class ToolRule(models.Model):
+    """For Tool, when a call matches Pattern, the Action is Allow, Ask, Review or Deny.
+
+    Patterns are shell-style globs (``git status*``, ``https://docs.python.org/*``)
+    matched against the call's subject: the command line (terminal), the URL
+    (web_fetch), the code (python), the arguments as canonical JSON (any other
+    tool). An empty pattern matches every call of the tool.
+    """
+
+    class Action(models.TextChoices):
+        ALLOW = "allow", "Allow"
+        ASK = "ask", "Ask"
+        REVIEW = "review", "Review (a reviewer decides)"
+        DENY = "deny", "Deny"
+
+    class Scope(models.TextChoices):
+        EVERYONE = "everyone", "Everyone"
+        MEMBER = "member", "One member (all their chats)"
+        CONVERSATION = "conversation", "One conversation"
+
+    tool = models.CharField("Tool", max_length=100, help_text="A tool's name, or * for any tool.")
+    pattern = models.CharField(
+        "Pattern",
+        max_length=1000,
+        blank=True,
+        help_text="A shell-style glob over the call (command line, URL, code, or the "
+        "arguments as JSON); empty matches every call.",
+    )
+    action = models.CharField("Action", max_length=16, choices=Action.choices)
+    scope = models.CharField(max_length=16, choices=Scope.choices, default=Scope.EVERYONE)
+    member = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True, related_name="+"
+    )
     conversation = models.ForeignKey(
-        "chat.Conversation", on_delete=models.CASCADE, related_name="grants"
+        "chat.Conversation", on_delete=models.CASCADE, null=True, blank=True, related_name="rules"
     )
-    tool_name = models.CharField(max_length=100)
-    granted_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    note = models.CharField(
+        "Note", max_length=500, blank=True, help_text="Said to the model when it blocks a call."
     )
-    granted_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    hits = models.PositiveIntegerField(default=0)
+    last_hit_at = models.DateTimeField(null=True, blank=True)
     revoked_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     revoked_at = models.DateTimeField(null=True, blank=True)
 
-    objects = ToolGrantQuerySet.as_manager()
+    objects = RuleQuerySet.as_manager()
 
     class Meta:
-        ordering = ["-granted_at"]
+        ordering = ["-created_at"]
+        verbose_name = "tool rule"
+        indexes = [
+            # Every gated call: the active rules of a conversation and its member.
+            models.Index(fields=["scope", "conversation"], name="rule_scope_conv"),
+            models.Index(fields=["scope", "member"], name="rule_scope_member"),
+        ]
         constraints = [
-            # At most one live grant per tool and conversation; the gate's
-            # "is this tool granted here?" lookup uses this index too.
-            models.UniqueConstraint(
-                fields=["conversation", "tool_name"],
-                condition=Q(revoked_at__isnull=True),
-                name="one_active_grant_per_tool",
+            models.CheckConstraint(
+                condition=Q(scope="everyone", member__isnull=True, conversation__isnull=True)
+                | Q(scope="member", member__isnull=False, conversation__isnull=True)
+                | Q(scope="conversation", conversation__isnull=False),
+                name="rule_scope_has_its_target",
             )
         ]
 
     def __str__(self) -> str:
-        state = "revoked" if self.revoked_at else "active"
-        return f"always allow {self.tool_name} in #{self.conversation_id} ({state})"
+        pattern = f" {self.pattern!r}" if self.pattern else ""
+        return f"{self.get_action_display()} {self.tool}{pattern} ({self.get_scope_display()})"
+
+    def matches(self, tool_name: str, subject: str) -> bool:
+        if self.tool not in ("*", tool_name):
+            return False
+        return not self.pattern or glob_match(subject, self.pattern)
+
+    def snapshot(self) -> dict:
+        """What the audit row keeps of the rule, should the rule go."""
+        return {
+            "id": self.pk,
+            "tool": self.tool,
+            "pattern": self.pattern,
+            "action": self.action,
+            "scope": self.scope,
+            "note": self.note,
+        }

@@ -12,7 +12,9 @@ The gate semantics (see DESIGN.md) live here:
   for callers that own one;
 * ``approvals_end`` is the one way a pending approval ends without a user's
   decision (timeout, cancelled, expired): recorded as ``denied`` with its own
-  reason, its card re-rendered in every tab.
+  reason, its card re-rendered in every tab;
+* ``approval_verdict`` applies the rules: any matching Deny, then Review,
+  then Ask, then Allow, then the conversation's Confirm switch.
 
 There is one gate per process (``runtime().gate``); no service takes it as
 an argument, and tests empty it between cases.
@@ -26,27 +28,35 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
+from django.db.models import F
 from django.template.loader import render_to_string
 from django.utils import timezone
+from jsonschema import Draft202012Validator
 
 from approvals.gate import Slot
-from approvals.models import ToolApproval, ToolGrant, arguments_hash
+from approvals.models import ToolApproval, ToolRule, arguments_hash
+from approvals.patterns import glob_escape
 from studio.cancel import CancelToken
 from studio.runtime import runtime
-from studio.text import strip_nul
+from studio.text import strip_nul, strip_nul_json
 
 logger = logging.getLogger(__name__)
 
 Status = ToolApproval.Status
 Reason = ToolApproval.Reason
 
-# decision value -> (status, reason, creates a grant)
-DECISIONS: dict[str, tuple[str, str, bool]] = {
-    "allow": (Status.ALLOWED, Reason.USER, False),
-    "always": (Status.ALLOWED, Reason.ALWAYS_ALLOW, True),
-    "deny": (Status.DENIED, Reason.USER, False),
+Action = ToolRule.Action
+Scope = ToolRule.Scope
+
+# decision value -> (status, reason)
+DECISIONS: dict[str, tuple[str, str]] = {
+    "allow": (Status.ALLOWED, Reason.USER),
+    "edit": (Status.ALLOWED, Reason.EDITED),
+    "always": (Status.ALLOWED, Reason.ALWAYS_ALLOW),
+    "deny": (Status.DENIED, Reason.USER),
 }
+MAX_BATCH = 100
 
 # The poller re-reads every waiting row this often besides its quick look
 # at what was decided lately (which a skewed clock could in theory miss).
@@ -87,13 +97,104 @@ def approval_get_for_user(*, approval_id: str, user) -> ToolApproval:
         raise ApprovalNotFound(approval_id) from None
 
 
-def approval_auto_reason(*, conversation, tool_name: str) -> str | None:
-    """Why this call may run without a prompt, or None if it must ask."""
-    if ToolGrant.objects.active().filter(conversation=conversation, tool_name=tool_name).exists():
-        return Reason.ALWAYS_ALLOW
-    if tool_name in settings.STUDIO_AUTO_ALLOW_TOOLS:
-        return Reason.POLICY
-    return None
+# --- rules --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the rules say about one call: allow, ask, review or deny, and why."""
+
+    action: str
+    reason: str = ""  # for calls that do not ask: RULE, POLICY or CONFIRM_OFF
+    rule: ToolRule | None = None
+
+
+def policy_rules() -> list[ToolRule]:
+    """STUDIO_AUTO_ALLOW_TOOLS as the admin Allow rules it stands for (never saved)."""
+    return [
+        ToolRule(
+            tool=name,
+            action=Action.ALLOW,
+            scope=Scope.EVERYONE,
+            note="STUDIO_AUTO_ALLOW_TOOLS",
+        )
+        for name in settings.STUDIO_AUTO_ALLOW_TOOLS
+    ]
+
+
+def rules_for(conversation) -> list[ToolRule]:
+    """Every rule that applies in ``conversation``, the most specific first."""
+    order = {Scope.CONVERSATION: 0, Scope.MEMBER: 1, Scope.EVERYONE: 2}
+    rules = list(ToolRule.objects.applying_to(conversation))
+    rules.sort(key=lambda r: (order[r.scope], -r.created_at.timestamp()))
+    return rules + policy_rules()
+
+
+def approval_verdict(
+    *, conversation, tool_name: str, subject: str, parts: tuple[str, ...] | None = ()
+) -> Verdict:
+    """Any matching Deny, then Review, then Ask, then Allow, then the Confirm switch.
+
+    So an admin's Ask or Deny holds even where a member switched confirmation
+    off. Every automatic outcome names its rule (the rule's hit count goes up).
+    ``parts`` are the simple commands of a command line (``approvals.patterns``;
+    ``()``: the subject is its one part; None: it cannot be read): Deny,
+    Review and Ask match the whole or any part; an Allow with a pattern must
+    match every part, or be this exact subject.
+    """
+    if parts == ():
+        parts = (subject,)
+    rules = [r for r in rules_for(conversation) if r.tool in ("*", tool_name)]
+    pieces = {subject, *(parts or ())}
+    for action in (Action.DENY, Action.REVIEW, Action.ASK):
+        rule = next(
+            (
+                r
+                for r in rules
+                if r.action == action and any(r.matches(tool_name, p) for p in pieces)
+            ),
+            None,
+        )
+        if rule is not None:
+            return _verdict_by(rule)
+    allows = [r for r in rules if r.action == Action.ALLOW]
+    rule = next((r for r in allows if not r.pattern or r.pattern == glob_escape(subject)), None)
+    if rule is None and parts is not None:
+        covering = [next((r for r in allows if r.matches(tool_name, p)), None) for p in parts]
+        rule = covering[0] if covering and all(covering) else None
+    if rule is not None:
+        return _verdict_by(rule)
+    if conversation.confirm_tool_calls:
+        return Verdict(Action.ASK)
+    return Verdict(Action.ALLOW, Reason.CONFIRM_OFF)
+
+
+def _verdict_by(rule: ToolRule) -> Verdict:
+    if rule.pk is not None:
+        ToolRule.objects.filter(pk=rule.pk).update(hits=F("hits") + 1, last_hit_at=timezone.now())
+    return Verdict(rule.action, Reason.RULE if rule.pk else Reason.POLICY, rule)
+
+
+def rule_create(
+    *, conversation, user, tool: str, pattern: str = "", scope: str = Scope.CONVERSATION
+) -> ToolRule:
+    """A member's Allow rule, for this conversation or for all their chats."""
+    return ToolRule.objects.create(
+        tool=tool,
+        pattern=pattern,
+        action=Action.ALLOW,
+        scope=scope,
+        member=user if scope == Scope.MEMBER else None,
+        conversation=conversation if scope == Scope.CONVERSATION else None,
+        created_by=user,
+    )
+
+
+def rule_revoke(*, rule: ToolRule, user) -> bool:
+    updated = ToolRule.objects.filter(pk=rule.pk, revoked_at__isnull=True).update(
+        revoked_at=timezone.now(), revoked_by=user
+    )
+    return bool(updated)
 
 
 def card_render(approval: ToolApproval) -> str:
@@ -115,6 +216,9 @@ def approval_request(
     requested_by=None,
     tool_call_id: str = "",
     hints: list[str] | None = None,
+    schema: dict | None = None,
+    subject: str = "",
+    verdict: Verdict | None = None,
 ) -> tuple[ToolApproval, Slot]:
     """Create the pending row and register its waiter, in that order.
 
@@ -131,7 +235,10 @@ def approval_request(
         run_id=run_id,
         tool_call_id=tool_call_id,
         tool_hints=hints or [],
+        tool_schema=schema or {},
+        subject=subject,
         waiter_inbox=rt.inbox.name,
+        **_rule_fields(verdict),
     )
     slot = rt.gate.register(approval.approval_id, run_id=run_id)
     return approval, slot
@@ -142,13 +249,15 @@ def approval_record_auto(
     conversation,
     tool_name: str,
     arguments: dict,
-    reason: str,
+    verdict: Verdict,
     run_id: str,
     requested_by=None,
     tool_call_id: str = "",
     hints: list[str] | None = None,
+    schema: dict | None = None,
+    subject: str = "",
 ) -> ToolApproval:
-    """Record a call allowed without a prompt (grant, policy, switch off): still audited."""
+    """Record a call the rules let run, or blocked, without asking: still audited."""
     now = timezone.now()
     return ToolApproval.objects.create(
         conversation=conversation,
@@ -159,45 +268,85 @@ def approval_record_auto(
         run_id=run_id,
         tool_call_id=tool_call_id,
         tool_hints=hints or [],
-        status=Status.ALLOWED,
-        reason=reason,
+        tool_schema=schema or {},
+        subject=subject,
+        status=Status.DENIED if verdict.action == Action.DENY else Status.ALLOWED,
+        reason=verdict.reason,
         requested_at=now,
         decided_at=now,
+        **_rule_fields(verdict),
     )
+
+
+def _rule_fields(verdict: Verdict | None) -> dict:
+    rule = verdict.rule if verdict is not None else None
+    if rule is None:
+        return {}
+    return {"rule": rule if rule.pk else None, "rule_snapshot": rule.snapshot()}
 
 
 # --- deciding -----------------------------------------------------------------
 
 
-def approval_decide(*, approval_id: str, user, decision: str, note: str = "") -> DecideResult:
+def approval_decide(
+    *,
+    approval_id: str,
+    user,
+    decision: str,
+    note: str = "",
+    arguments: object = None,
+    pattern: str = "",
+    scope: str = "",
+) -> DecideResult:
     """Record ``user``'s decision if the row is still pending; first decision wins.
 
+    ``allow``, ``deny`` (+ ``note``), ``edit`` (+ ``arguments``: run exactly
+    those instead, checked against the tool's schema) or ``always`` (+
+    optional ``pattern`` and ``scope``: also make an Allow rule).
+
     Raises ``ApprovalNotFound`` for unknown ids and other members' approvals
-    (checked before the decision value, so a foreign id reveals nothing) and
+    (checked before anything else, so a foreign id reveals nothing) and
     ``InvalidDecision`` for a bad value. A decision on a decided row changes
     nothing and returns ``resolved=False`` with the current row.
     """
     approval = approval_get_for_user(approval_id=approval_id, user=user)
     if decision not in DECISIONS:
-        raise InvalidDecision("decision must be one of: allow, always, deny")
+        raise InvalidDecision("decision must be one of: allow, always, deny, edit")
     note = strip_nul(note or "").strip()
     if len(note) > settings.STUDIO_NOTE_MAX_LENGTH:
         raise InvalidDecision(f"note must be at most {settings.STUDIO_NOTE_MAX_LENGTH} characters")
-    status, reason, grants = DECISIONS[decision]
+    status, reason = DECISIONS[decision]
+    changes: dict = {}
+    if decision == "edit":
+        changes = _edited(approval, arguments)
+        if not changes:
+            reason = Reason.USER  # edited back to what the model asked: a plain Allow
+    pattern = strip_nul(pattern or "").strip()
+    if decision == "always":
+        scope = scope or Scope.CONVERSATION
+        _check_always(approval, pattern, scope)
     now = timezone.now()
     with transaction.atomic():
         updated = ToolApproval.objects.filter(pk=approval.pk, status=Status.PENDING).update(
-            status=status, reason=reason, decided_by=user, decided_at=now, note=note
+            status=status, reason=reason, decided_by=user, decided_at=now, note=note, **changes
         )
-        if updated and grants:
-            grant_create(
-                conversation=approval.conversation, tool_name=approval.tool_name, user=user
+        if updated and decision == "always":
+            rule = rule_create(
+                conversation=approval.conversation,
+                user=user,
+                tool=approval.tool_name,
+                pattern=pattern,
+                scope=scope,
             )
+            changes = {"rule": rule, "rule_snapshot": rule.snapshot()}
+            ToolApproval.objects.filter(pk=approval.pk).update(**changes)
     if not updated:
         approval.refresh_from_db()
         return DecideResult(resolved=False, approval=approval, card_html=card_render(approval))
     approval.status, approval.reason, approval.decided_by = status, reason, user
     approval.decided_at, approval.note = now, note
+    for name, value in changes.items():
+        setattr(approval, name, value)
     # Outside the atomic block the update is committed (inside a caller's
     # transaction, on_commit waits for it). The waiter first: the card can
     # be drawn while the tool already runs.
@@ -205,6 +354,67 @@ def approval_decide(*, approval_id: str, user, decision: str, note: str = "") ->
     html = card_render(approval)
     transaction.on_commit(lambda: _card_broadcast(approval, html))
     return DecideResult(resolved=True, approval=approval, card_html=html)
+
+
+def _edited(approval: ToolApproval, arguments: object) -> dict:
+    """The row's fields for an edit (empty when nothing changed); raises InvalidDecision."""
+    if not isinstance(arguments, dict):
+        raise InvalidDecision("arguments must be a JSON object")
+    arguments = strip_nul_json(arguments)
+    if approval.tool_schema:
+        validator = Draft202012Validator(approval.tool_schema)
+        problem = next(iter(sorted(validator.iter_errors(arguments), key=str)), None)
+        if problem is not None:
+            where = "/".join(str(p) for p in problem.absolute_path)
+            raise InvalidDecision(
+                f"the arguments do not fit the tool: {problem.message}"
+                + (f" (at '{where}')" if where else "")
+            )
+    if arguments == approval.arguments:
+        return {}
+    return {"approved_arguments": arguments, "approved_sha256": arguments_hash(arguments)}
+
+
+def _check_always(approval: ToolApproval, pattern: str, scope: str) -> None:
+    if scope not in (Scope.CONVERSATION, Scope.MEMBER):
+        raise InvalidDecision("scope must be one of: conversation, member")
+    if len(pattern) > 1000:
+        raise InvalidDecision("pattern must be at most 1000 characters")
+    probe = ToolRule(tool=approval.tool_name, pattern=pattern)
+    if pattern and not probe.matches(approval.tool_name, approval.subject):
+        raise InvalidDecision("the pattern does not match this call")
+
+
+def approvals_decide(*, approval_ids: list[str], user, decision: str, note: str = "") -> list[dict]:
+    """One decision for several approvals (Allow all / Deny all); first decision wins per row.
+
+    Returns, per id, what it got: ``resolved``, ``status`` and ``reason``, or
+    ``error`` ("not found" for unknown and other members' ids alike).
+    """
+    if decision not in ("allow", "deny"):
+        raise InvalidDecision("a batch decision must be allow or deny")
+    ids = list(dict.fromkeys(approval_ids))
+    if not ids or len(ids) > MAX_BATCH:
+        raise InvalidDecision(f"give between 1 and {MAX_BATCH} approval ids")
+    answers = []
+    for approval_id in ids:
+        try:
+            result = approval_decide(
+                approval_id=approval_id, user=user, decision=decision, note=note
+            )
+        except ApprovalNotFound:
+            answers.append({"approval_id": approval_id, "error": "not found"})
+            continue
+        row = result.approval
+        answers.append(
+            {
+                "approval_id": approval_id,
+                "resolved": result.resolved,
+                "status": row.status,
+                "reason": row.reason,
+            }
+        )
+    return answers
 
 
 def _wake_waiter(approval: ToolApproval) -> None:
@@ -403,30 +613,3 @@ def approval_poll_waiters() -> int:
 def wake_from_message(message: dict) -> None:
     """Inbox handler for ``approval.decided`` sent by another process."""
     runtime().gate.wake(str(message.get("approval_id", "")))
-
-
-# --- grants ---------------------------------------------------------------------
-
-
-def grant_create(*, conversation, tool_name: str, user) -> ToolGrant:
-    """Always allow ``tool_name`` in ``conversation`` (idempotent)."""
-    existing = (
-        ToolGrant.objects.active().filter(conversation=conversation, tool_name=tool_name).first()
-    )
-    if existing is not None:
-        return existing
-    try:
-        with transaction.atomic():
-            return ToolGrant.objects.create(
-                conversation=conversation, tool_name=tool_name, granted_by=user
-            )
-    except IntegrityError:
-        # Someone granted it a moment ago; theirs stands.
-        return ToolGrant.objects.active().get(conversation=conversation, tool_name=tool_name)
-
-
-def grant_revoke(*, grant: ToolGrant, user) -> bool:
-    updated = ToolGrant.objects.filter(pk=grant.pk, revoked_at__isnull=True).update(
-        revoked_at=timezone.now(), revoked_by=user
-    )
-    return bool(updated)

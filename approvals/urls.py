@@ -6,5 +6,6 @@ from approvals import views
 
 app_name = "approvals"
 urlpatterns = [
+    path("decide/", views.decide_batch, name="decide_batch"),
     path("<str:approval_id>/decide/", views.decide, name="decide"),
 ]

@@ -1,27 +1,41 @@
 from __future__ import annotations
 
+import json
+
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from approvals.services import ApprovalNotFound, InvalidDecision, approval_decide
+from approvals.models import ToolApproval
+from approvals.services import (
+    ApprovalNotFound,
+    InvalidDecision,
+    approval_decide,
+    approvals_decide,
+)
 from studio.http import HtmxHttpRequest, wants_json
+
+SINGLE = ("decision", "note", "arguments", "pattern", "scope")
 
 
 @require_POST
 @login_required
 def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
-    """Record Allow / Always allow / Deny; the first decision wins (409 after)."""
-    for name in ("decision", "note"):
-        if len(request.POST.getlist(name)) > 1:
-            return _bad_request(request, f"{name} must be given once")
+    """Allow, Deny (+ note), Edit (+ arguments) or Always allow (+ pattern, scope).
+
+    The first decision wins: a later one answers 409 with the current card.
+    """
     try:
+        _once(request, SINGLE)
         result = approval_decide(
             approval_id=approval_id,
             user=request.user,
             decision=request.POST.get("decision", ""),
             note=request.POST.get("note", ""),
+            arguments=_edited_arguments(request),
+            pattern=request.POST.get("pattern", ""),
+            scope=request.POST.get("scope", ""),
         )
     except ApprovalNotFound:
         raise Http404("No such approval.") from None
@@ -41,6 +55,48 @@ def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
     if result.resolved:
         return redirect("chat:conversation", approval.conversation_id)
     return render(request, "approvals/already_decided.html", {"approval": approval}, status=409)
+
+
+@require_POST
+@login_required
+def decide_batch(request: HtmxHttpRequest) -> HttpResponse:
+    """One decision for several approvals (``approval_id`` repeated): Allow all / Deny all."""
+    try:
+        _once(request, ("decision", "note"))
+        answers = approvals_decide(
+            approval_ids=request.POST.getlist("approval_id"),
+            user=request.user,
+            decision=request.POST.get("decision", ""),
+            note=request.POST.get("note", ""),
+        )
+    except InvalidDecision as exc:
+        return _bad_request(request, str(exc))
+    if wants_json(request) or request.htmx:
+        # (htmx: the cards change through the conversation's socket.)
+        return JsonResponse({"results": answers})
+    found = [a for a in answers if "error" not in a]
+    if not found:
+        raise Http404("No such approval.")
+    first = ToolApproval.objects.get(approval_id=found[0]["approval_id"])
+    return redirect("chat:conversation", first.conversation_id)
+
+
+def _once(request: HtmxHttpRequest, names: tuple[str, ...]) -> None:
+    for name in names:
+        if len(request.POST.getlist(name)) > 1:
+            raise InvalidDecision(f"{name} must be given once")
+
+
+def _edited_arguments(request: HtmxHttpRequest) -> object:
+    """``arguments`` as JSON (the API), or the edit form's ``arg.<name>`` fields."""
+    if "arguments" in request.POST:
+        try:
+            return json.loads(request.POST["arguments"])
+        except ValueError as exc:
+            raise InvalidDecision(f"arguments must be JSON: {exc}") from None
+    fields = {k[4:]: v for k, v in request.POST.items() if k.startswith("arg.")}
+    # A textarea sends CRLF; the code that runs keeps the newlines it was written with.
+    return {name: value.replace("\r\n", "\n") for name, value in fields.items()} or None
 
 
 def _bad_request(request: HtmxHttpRequest, message: str) -> HttpResponse:

@@ -21,19 +21,20 @@ import itertools
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 
 from approvals.gate import Slot
-from approvals.models import ToolApproval, arguments_hash
+from approvals.models import ToolApproval, ToolRule, arguments_hash
 from approvals.services import (
     ApprovalNotFound,
-    approval_auto_reason,
     approval_cancel_run,
     approval_check,
     approval_record_auto,
     approval_request,
+    approval_verdict,
+    approvals_end,
 )
 from chat import events
 from chat.llm.base import ChatModel, LLMError, TextDelta, ToolCall, TurnEnd, new_call_id
@@ -49,6 +50,7 @@ from studio.wording import REJECTION_TEXT
 logger = logging.getLogger(__name__)
 
 Reason = ToolApproval.Reason
+Action = ToolRule.Action
 
 DUPLICATE_TEXT = (
     "You already made this exact call in this run and it succeeded; its result is "
@@ -56,6 +58,10 @@ DUPLICATE_TEXT = (
     "something different."
 )
 CANCELLED_TEXT = "The run was stopped before this call was decided; it did not run."
+EDITED_TEXT = (
+    "(The user edited the arguments of this call before it ran; the call above shows what ran.)"
+)
+BLOCKED_TEXT = "Blocked by a rule: {note}"
 TIMEOUT_TEXT = "nobody decided on this call in time, so it did not run."
 CHANGED_TEXT = "the approved arguments changed after the request; the call did not run."
 LIMIT_TEXT = "the tool-call limit for this run was reached."
@@ -67,6 +73,30 @@ def not_enabled_text(name: str, enabled: list[str]) -> str:
         f"tool '{name}' is not enabled for this request. "
         f"Enabled tools: {listed}. Answer without it or ask the user to enable it."
     )
+
+
+@dataclass(frozen=True)
+class _Refused:
+    call: ToolCall
+    result: ToolResult
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """The rules decided without asking (allowed, or blocked)."""
+
+    call: ToolCall
+    approval: ToolApproval
+
+
+@dataclass(frozen=True)
+class _Asked:
+    call: ToolCall
+    approval: ToolApproval
+    slot: Slot
+
+
+_Plan = _Refused | _Decided | _Asked
 
 
 @dataclass(frozen=True)
@@ -160,11 +190,10 @@ class Agent:
                     "of tool calls (STUDIO_MAX_TOOL_ITERATIONS)."
                 )
                 return
-            for call in calls:
-                stop = yield from self._handle(call)
-                if stop:
-                    yield events.Done(cancelled=True)
-                    return
+            stop = yield from self._handle_turn(calls)
+            if stop:
+                yield events.Done(cancelled=True)
+                return
 
     def _model_turn(self, schemas: list[dict]) -> Iterator[events.Event]:
         """Stream one reply; returns its ``TurnEnd``, or None when the run ended."""
@@ -187,46 +216,88 @@ class Agent:
         yield events.Done(cancelled=self.cancel.is_set())
         return None
 
-    # -- one tool call ------------------------------------------------------------------
+    # -- the calls of one turn ----------------------------------------------------------
 
-    def _handle(self, call: ToolCall) -> Iterator[events.Event]:
-        """Process one call; returns True when the run must stop."""
+    def _handle_turn(self, calls: list[ToolCall]) -> Iterator[events.Event]:
+        """Ask for every call that needs a decision at once, then run them in order.
+
+        All of a turn's cards appear together (and can be decided together);
+        a call runs once it and every call before it are decided. Returns True
+        when the run must stop.
+        """
+        plans = []
+        for call in calls:
+            plan = self._plan(call)
+            if isinstance(plan, _Asked):
+                yield self._started(call, plan.approval, awaiting=True)
+            plans.append(plan)
+        asked = tuple(p.approval.approval_id for p in plans if isinstance(p, _Asked))
+        if len(asked) > 1:
+            yield events.TurnAsked(message_id=self.turn.pk, approval_ids=asked)
+        for plan in plans:
+            stop = yield from self._carry_out(plan)
+            if stop:
+                # Calls after a Stop do not run; their cards end as cancelled.
+                return True
+        return False
+
+    def _plan(self, call: ToolCall) -> _Plan:
+        """What happens to ``call``: refused, blocked, run without asking, or asked."""
         refusal = self._refusal(call)
         if refusal is not None:
-            yield self._finish(call, refusal)
-            return False
-        hints = list(self.toolbox.tools[call.name].hints)
-        reason = self._auto_reason(call.name)
-        if reason is not None:
-            approval = approval_record_auto(
-                conversation=self.conversation,
-                tool_name=call.name,
-                arguments=call.arguments,
-                reason=reason,
-                requested_by=self.user,
-                run_id=self.run_id,
-                tool_call_id=call.id,
-                hints=hints,
-            )
-            yield self._started(call, approval, awaiting=False)
-            yield from self._execute(call, approval, cancel=self.cancel)
-            return False
-        # Row and slot first, then the announcement: a decision can never
-        # arrive before its waiter exists.
-        approval, slot = approval_request(
+            return _Refused(call, refusal)
+        tool = self.toolbox.tools[call.name]
+        subject = tool.subject(call.arguments)
+        details = {
+            "conversation": self.conversation,
+            "tool_name": call.name,
+            "arguments": call.arguments,
+            "requested_by": self.user,
+            "run_id": self.run_id,
+            "tool_call_id": call.id,
+            "hints": list(tool.hints),
+            "schema": tool.parameters,
+            "subject": subject,
+        }
+        verdict = approval_verdict(
             conversation=self.conversation,
             tool_name=call.name,
-            arguments=call.arguments,
-            requested_by=self.user,
-            run_id=self.run_id,
-            tool_call_id=call.id,
-            hints=hints,
+            subject=subject,
+            parts=tool.subject_parts(subject),
         )
+        if verdict.action in (Action.ALLOW, Action.DENY):
+            return _Decided(call, approval_record_auto(verdict=verdict, **details))
+        # Row and slot first, then the announcement: a decision can never
+        # arrive before its waiter exists.
+        approval, slot = approval_request(verdict=verdict, **details)
         self.open_approvals.add(approval.approval_id)
-        yield self._started(call, approval, awaiting=True)
-        outcome = yield from self._await_decision(slot)
-        self.open_approvals.discard(approval.approval_id)
-        return (yield from self._follow(call, approval, outcome))
+        return _Asked(call, approval, slot)
+
+    def _carry_out(self, plan: _Plan) -> Iterator[events.Event]:
+        call = plan.call
+        if isinstance(plan, _Refused):
+            yield self._finish(call, plan.result)
+            return False
+        if isinstance(plan, _Decided):
+            yield self._started(call, plan.approval, awaiting=False)
+            if plan.approval.is_allowed:
+                yield from self._execute(call, plan.approval, cancel=self.cancel)
+            else:
+                note = (plan.approval.rule_snapshot or {}).get("note") or "no reason given"
+                yield self._finish(call, ToolResult(BLOCKED_TEXT.format(note=note), ok=False),
+                                   plan.approval)  # fmt: skip
+            return False
+        if self._already_ran(call):
+            # An identical call earlier in this turn succeeded meanwhile.
+            approvals_end(pending=ToolApproval.objects.filter(pk=plan.approval.pk),
+                          reason=Reason.CANCELLED)  # fmt: skip
+            runtime().gate.discard(plan.slot)
+            self.open_approvals.discard(plan.approval.approval_id)
+            yield self._finish(call, ToolResult(DUPLICATE_TEXT, ok=False), plan.approval)
+            return False
+        outcome = yield from self._await_decision(plan.slot)
+        self.open_approvals.discard(plan.approval.approval_id)
+        return (yield from self._follow(call, plan.approval, outcome))
 
     def _refusal(self, call: ToolCall) -> ToolResult | None:
         """Why ``call`` is answered without running or asking, or None."""
@@ -240,14 +311,12 @@ class Agent:
         problem = tool.validate(call.arguments)
         if problem:
             return ToolResult.error(f"{problem}.")
-        if (call.name, arguments_hash(call.arguments)) in self.succeeded:
+        if self._already_ran(call):
             return ToolResult(DUPLICATE_TEXT, ok=False)
         return None
 
-    def _auto_reason(self, tool_name: str) -> str | None:
-        if not self.conversation.confirm_tool_calls:
-            return Reason.POLICY
-        return approval_auto_reason(conversation=self.conversation, tool_name=tool_name)
+    def _already_ran(self, call: ToolCall) -> bool:
+        return (call.name, arguments_hash(call.arguments)) in self.succeeded
 
     def _await_decision(self, slot: Slot) -> Iterator[events.Event]:
         """Park until the row is decided (or ends by Stop or timeout); returns it."""
@@ -275,9 +344,8 @@ class Agent:
             # Allowed first, Stopped after (before the call began): the first
             # decision wins, so the call runs in full, and the run stops after.
             stopped = self.cancel.is_set()
-            yield from self._execute(
-                call, outcome, cancel=CancelToken() if stopped else self.cancel
-            )
+            cancel = CancelToken() if stopped else self.cancel
+            yield from self._execute(call, outcome, cancel=cancel)
             return stopped
         if outcome.reason in (Reason.TIMEOUT, Reason.EXPIRED):
             yield self._finish(call, ToolResult.error(TIMEOUT_TEXT), outcome)
@@ -289,21 +357,39 @@ class Agent:
     def _execute(
         self, call: ToolCall, approval: ToolApproval, *, cancel: CancelToken
     ) -> Iterator[events.Event]:
-        # Run exactly what was approved: the row's arguments, checked against
-        # the hash taken when the call was requested.
+        # Run exactly what was approved: the row's arguments (the edited ones
+        # if a person edited them), checked against the hash taken then.
         if not approval.arguments_intact():
             yield self._finish(call, ToolResult.error(CHANGED_TEXT), approval)
             return
+        arguments = approval.arguments_to_run
+        if approval.was_edited:
+            self._record_edit(call, arguments)
         yield events.Status(f"Running {call.name}…")
         result = self.toolbox.tools[call.name].execute(
-            approval.arguments,
+            arguments,
             cancel=cancel,
             timeout=self.knobs.tool_timeout,
             workspace=self.workspace,
         )
         if result.ok:
-            self.succeeded.add((call.name, approval.arguments_sha256))
+            self.succeeded.add((call.name, arguments_hash(arguments)))
+        if approval.was_edited:
+            result = replace(result, text=f"{EDITED_TEXT}\n{result.text}")
         yield self._finish(call, result, approval)
+
+    def _record_edit(self, call: ToolCall, arguments: dict) -> None:
+        """The transcript shows the call with the arguments that ran, not the model's."""
+        call.arguments = arguments
+        tool_calls = [
+            {**c, "arguments": arguments} if c["id"] == call.id else c for c in self.turn.tool_calls
+        ]
+        self.turn.tool_calls = tool_calls
+        Message.objects.filter(pk=self.turn.pk).update(tool_calls=tool_calls)
+        for entry in reversed(self.transcript):
+            if entry["role"] == "assistant":
+                entry.update(turn_message(self.turn.content, tool_calls))
+                break
 
     # -- rows and events ------------------------------------------------------------------
 

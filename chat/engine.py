@@ -353,6 +353,8 @@ class Publisher:
                 if awaiting:
                     self.send(render.run_status("Waiting for your decision…"))
                     self.flush()
+            case events.TurnAsked(message_id=message_id, approval_ids=approval_ids):
+                self.send(render.batch(message_id, approval_ids))
             case events.ToolFinished():
                 self.send(render.tool_finished(event))
                 self.urgent = True

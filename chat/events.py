@@ -55,6 +55,14 @@ class ToolStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnAsked:
+    """Several calls of one turn wait for decisions: they can be decided together."""
+
+    message_id: int
+    approval_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ToolFinished:
     """A call's result is saved (it ran, or the model is told why not)."""
 
@@ -91,4 +99,4 @@ class Park:
     deadline: float
 
 
-Event = Status | Delta | TurnSaved | ToolStarted | ToolFinished | Failed | Done | Park
+Event = Status | Delta | TurnSaved | ToolStarted | TurnAsked | ToolFinished | Failed | Done | Park

@@ -10,7 +10,8 @@ from django.conf import settings
 from django.template.loader import render_to_string
 from django.utils.html import escape
 
-from approvals.models import ToolApproval, ToolGrant
+from approvals.models import ToolApproval, ToolRule
+from approvals.services import policy_rules
 from chat import events
 from chat.display import Item, MessageView, ToolBlock, blocks_for, tool_dom_id, transcript_items
 from chat.limits import MAX_MESSAGE
@@ -95,6 +96,13 @@ def turn_saved(event: events.TurnSaved) -> str:
     return message(view, calls)
 
 
+def batch(message_id: int, approval_ids: tuple[str, ...]) -> str:
+    return render_to_string(
+        "chat/_batch.html",
+        {"message_id": message_id, "approval_ids": approval_ids, "oob": True},
+    )
+
+
 def stream_open(stream_id: str) -> str:
     return render_to_string("chat/_stream.html", {"stream_id": stream_id})
 
@@ -128,16 +136,19 @@ def settings_panel(conversation: Conversation, request=None, *, oob: bool = Fals
 
 
 def settings_context(conversation: Conversation) -> dict:
-    grants = (
-        ToolGrant.objects.active().filter(conversation=conversation).select_related("granted_by")
-    )
     from chat.mcp import panel
 
+    rules = list(
+        ToolRule.objects.applying_to(conversation).select_related("created_by").order_by("scope")
+    )
+    mine = [r for r in rules if r.scope != ToolRule.Scope.EVERYONE]
+    team = [r for r in rules if r.scope == ToolRule.Scope.EVERYONE] + policy_rules()
     return {
         "conversation": conversation,
         "tools": list(builtin_tools().values()),
         "mcp_servers": panel(conversation),
-        "grants": list(grants),
+        "rules": mine,
+        "team_rules": team,
     }
 
 

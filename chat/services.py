@@ -9,11 +9,12 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from approvals.models import ToolApproval, ToolGrant
+from approvals.models import ToolApproval, ToolRule
 from approvals.notify import member_group
-from approvals.services import approvals_end, grant_revoke
+from approvals.services import approvals_end, rule_revoke
 from chat.models import Conversation, Message, Run
 from chat.tools import builtin_tools
 from studio.runtime import runtime
@@ -83,11 +84,20 @@ def conversation_image(*, conversation: Conversation, name: str):
     return path, mime
 
 
-def conversation_grant_revoke(*, conversation: Conversation, grant_id: int, user) -> bool:
-    grant = ToolGrant.objects.active().filter(pk=grant_id, conversation=conversation).first()
-    if grant is None:
+def conversation_rule_revoke(*, conversation: Conversation, rule_id: int, user) -> bool:
+    """Revoke one of the member's own rules shown in this conversation's panel."""
+    rule = (
+        ToolRule.objects.active()
+        .filter(pk=rule_id)
+        .filter(
+            Q(scope=ToolRule.Scope.CONVERSATION, conversation=conversation)
+            | Q(scope=ToolRule.Scope.MEMBER, member=user)
+        )
+        .first()
+    )
+    if rule is None or conversation.owner_id != user.pk:
         return False
-    return grant_revoke(grant=grant, user=user)
+    return rule_revoke(rule=rule, user=user)
 
 
 def run_create(

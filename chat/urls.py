@@ -14,8 +14,8 @@ urlpatterns = [
     path("c/<int:conversation_id>/settings/", views.conversation_settings, name="settings"),
     path("c/<int:conversation_id>/files/<path:name>", views.conversation_file, name="file"),
     path(
-        "c/<int:conversation_id>/grants/<int:grant_id>/revoke/",
-        views.grant_revoke,
-        name="grant_revoke",
+        "c/<int:conversation_id>/rules/<int:rule_id>/revoke/",
+        views.rule_revoke,
+        name="rule_revoke",
     ),
 ]

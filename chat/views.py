@@ -13,8 +13,8 @@ from chat.engine import run_launch, run_stop
 from chat.limits import MAX_MESSAGE
 from chat.models import Conversation
 from chat.services import (
-    conversation_grant_revoke,
     conversation_image,
+    conversation_rule_revoke,
     conversation_settings_update,
     conversation_start,
 )
@@ -85,12 +85,10 @@ def conversation_settings(request: HtmxHttpRequest, conversation_id: int) -> Htt
 
 @require_POST
 @login_required
-def grant_revoke(request: HtmxHttpRequest, conversation_id: int, grant_id: int) -> HttpResponse:
+def rule_revoke(request: HtmxHttpRequest, conversation_id: int, rule_id: int) -> HttpResponse:
     conversation = _owned(request, conversation_id)
-    if not conversation_grant_revoke(
-        conversation=conversation, grant_id=grant_id, user=request.user
-    ):
-        return HttpResponse("No such grant.", status=404)
+    if not conversation_rule_revoke(conversation=conversation, rule_id=rule_id, user=request.user):
+        return HttpResponse("No such rule.", status=404)
     if request.htmx:
         return HttpResponse(fragments.settings_panel(conversation, request=request))
     return redirect(conversation)

@@ -7,6 +7,8 @@ notes, model output, tool-call arguments and tool output.
 
 from __future__ import annotations
 
+import json
+
 NUL = "\x00"
 
 
@@ -23,3 +25,8 @@ def strip_nul_json(value: object) -> object:
     if isinstance(value, list):
         return [strip_nul_json(v) for v in value]
     return value
+
+
+def canonical_json(value: object) -> str:
+    """One spelling of a JSON value: the arguments' hash and the rules' subject use it."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

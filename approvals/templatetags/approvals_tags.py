@@ -1,15 +1,27 @@
 from __future__ import annotations
 
+import difflib
 import json
+from urllib.parse import urlsplit
 
 from django import template
+
+from approvals.patterns import glob_escape
+from studio.shell import command_parts
 
 register = template.Library()
 
 # Arguments shown as code blocks rather than JSON values.
 CODE_ARGUMENTS = {"code", "command", "script", "source"}
 # Plain-text glyphs: they render without any emoji font installed.
-ICONS = {"python": "py", "terminal": ">_", "web_fetch": "www"}
+ICONS = {"python": "py", "terminal": ">_", "web_fetch": "www", "web_search": "?"}
+# The editor a pending card offers for a built-in tool's one argument
+# (any other tool is edited as JSON).
+EDITORS = {
+    "python": ("code", "code"),
+    "terminal": ("command", "line"),
+    "web_fetch": ("url", "line"),
+}
 
 
 @register.filter
@@ -38,3 +50,69 @@ def tool_label(tool_name: str) -> str:
     """``server__tool`` (an MCP server's tool) as "server › tool"."""
     server, sep, tool = (tool_name or "").partition("__")
     return f"{server} › {tool}" if sep else tool_name
+
+
+@register.filter
+def always_choices(approval) -> list[dict]:
+    """What "Always allow" offers for this call, the narrowest last."""
+    choices = [{"pattern": "", "label": f"{tool_label(approval.tool_name)} in this chat"}]
+    subject = approval.subject or ""
+    if approval.tool_name == "terminal" and subject.strip():
+        # Word prefixes only for one simple command: a rule never vouches
+        # for what follows a ";" or a "&&" (see approvals.patterns).
+        parts = command_parts(subject) or ()
+        words = parts[0].split(" ") if len(parts) == 1 else []
+        for count in (1, 2):
+            if len(words) > count or (count == 1 and words):
+                prefix = " ".join(words[:count])
+                choices.append(
+                    {
+                        "pattern": glob_escape(prefix) + " *",
+                        "label": f"commands starting with “{prefix}”",
+                    }
+                )
+        choices.append({"pattern": glob_escape(subject), "label": "this exact command"})
+    elif approval.tool_name == "web_fetch" and subject.strip():
+        parts = urlsplit(subject)
+        if parts.scheme and parts.netloc:
+            site = f"{parts.scheme}://{parts.netloc}/"
+            choices.append({"pattern": glob_escape(site) + "*", "label": f"this site ({site}…)"})
+        choices.append({"pattern": glob_escape(subject), "label": "this exact URL"})
+    return choices
+
+
+@register.filter
+def edit_fields(approval) -> list[dict]:
+    """The editor of a pending card: one field per argument of a built-in, else JSON."""
+    arguments = approval.arguments if isinstance(approval.arguments, dict) else {}
+    editor = EDITORS.get(approval.tool_name)
+    if editor and set(arguments) <= {editor[0]}:
+        name, kind = editor
+        return [{"name": name, "kind": kind, "value": arguments.get(name, "")}]
+    return [{"name": "arguments", "kind": "json", "value": json.dumps(arguments, indent=2)}]
+
+
+@register.filter
+def edit_diff(approval) -> list[dict]:
+    """Lines of the change a person made before the call ran ("+"/"-"/" ")."""
+
+    def text(arguments) -> str:
+        editor = EDITORS.get(approval.tool_name)
+        if editor and isinstance(arguments, dict) and set(arguments) <= {editor[0]}:
+            return str(arguments.get(editor[0], ""))
+        return json.dumps(arguments, indent=2, sort_keys=True, ensure_ascii=False)
+
+    before = text(approval.arguments).splitlines()
+    after = text(approval.approved_arguments).splitlines()
+    lines = []
+    for line in difflib.unified_diff(before, after, lineterm="", n=2):
+        if line.startswith(("---", "+++", "@@")):
+            continue
+        lines.append({"kind": line[:1], "text": line})
+    return lines
+
+
+@register.filter
+def pending_ids(blocks) -> list[str]:
+    """The approvals still waiting among a message's tool blocks."""
+    return [b.approval.approval_id for b in blocks if b.approval and b.approval.is_pending]

@@ -5,6 +5,7 @@ be tried without a model server:
 
 * a fenced python block, or ``run python: <code>`` -> ``python``
 * ``$ <command>`` or ``run: <command>``             -> ``terminal``
+  (several ``$`` lines: one call each, in one turn)
 * a bare http(s) URL                               -> ``web_fetch``
 * ``search: <query>``                              -> ``web_search``
 * ``call <tool> {json arguments}``                 -> any tool (an MCP server's too)
@@ -75,6 +76,13 @@ class DemoModel:
         match = _RUN_PYTHON.match(request)
         if match:
             return _call("I'll run this Python code.", "python", {"code": match.group(1).strip()})
+        lines = [line.strip() for line in request.strip().splitlines() if line.strip()]
+        if len(lines) > 1 and all(line.startswith("$ ") for line in lines):
+            calls = [
+                ToolCall(id=new_call_id(), name="terminal", arguments={"command": line[2:].strip()})
+                for line in lines
+            ]
+            return f"I'll run these {len(calls)} commands.", calls
         match = _SHELL.match(request)
         if match:
             return _call("I'll run this command.", "terminal", {"command": match.group(1).strip()})

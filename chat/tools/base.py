@@ -8,6 +8,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from studio.cancel import CancelToken
+from studio.text import canonical_json
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,19 @@ class Tool:
     run: RunFn
     server: str = ""
     hints: tuple[str, ...] = field(default=())
+    # The argument rules match against (a command line, a URL, code); without
+    # one, rules match the arguments as canonical JSON.
+    subject_argument: str = ""
+    # How rules split the subject into parts (a command line's simple commands;
+    # None when it cannot be read); without it, the subject is one part.
+    split_subject: Callable[[str], tuple[str, ...] | None] | None = None
+
+    def subject(self, arguments: dict) -> str:
+        value = arguments.get(self.subject_argument) if self.subject_argument else None
+        return value if isinstance(value, str) else canonical_json(arguments)
+
+    def subject_parts(self, subject: str) -> tuple[str, ...] | None:
+        return self.split_subject(subject) if self.split_subject else (subject,)
 
     @property
     def label(self) -> str:

@@ -84,9 +84,12 @@ TOOL = Tool(
     ),
     parameters={
         "type": "object",
-        "properties": {"code": {"type": "string", "description": "The Python source to run."}},
+        "properties": {
+            "code": {"type": "string", "minLength": 1, "description": "The Python source to run."}
+        },
         "required": ["code"],
         "additionalProperties": False,
     },
     run=run,
+    subject_argument="code",
 )

@@ -7,6 +7,7 @@ from pathlib import Path
 from chat.tools.base import Tool, ToolResult
 from chat.tools.sandbox import run_tool
 from studio.cancel import CancelToken
+from studio.shell import command_parts
 
 
 def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> ToolResult:
@@ -26,9 +27,13 @@ TOOL = Tool(
     ),
     parameters={
         "type": "object",
-        "properties": {"command": {"type": "string", "description": "The command line to run."}},
+        "properties": {
+            "command": {"type": "string", "minLength": 1, "description": "The command line to run."}
+        },
         "required": ["command"],
         "additionalProperties": False,
     },
     run=run,
+    subject_argument="command",
+    split_subject=command_parts,
 )

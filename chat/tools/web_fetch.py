@@ -312,9 +312,16 @@ TOOL = Tool(
     description="Fetch a public web page (http or https) and return its readable text.",
     parameters={
         "type": "object",
-        "properties": {"url": {"type": "string", "description": "The http(s) URL to fetch."}},
+        "properties": {
+            "url": {
+                "type": "string",
+                "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://",
+                "description": "The http(s) URL to fetch.",
+            }
+        },
         "required": ["url"],
         "additionalProperties": False,
     },
     run=run,
+    subject_argument="url",
 )

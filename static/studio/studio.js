@@ -85,13 +85,28 @@
     if (transcriptNearBottom) window.scrollTo(0, document.body.scrollHeight);
   }
 
-  // A decision that could not be sent: say so; htmx re-enables the buttons.
+  // A decision that could not be sent: say so (with the server's reason for
+  // a refused one, e.g. edited arguments that fail the tool's schema); htmx
+  // re-enables the buttons.
   function decisionFailed(evt) {
     var form = evt.detail.elt && evt.detail.elt.closest && evt.detail.elt.closest("form.decide");
     if (!form) return;
     var msg = form.querySelector(".decide-error");
-    if (msg) msg.hidden = false;
+    if (!msg) return;
+    var xhr = evt.detail.xhr;
+    var plain = xhr && xhr.status === 400 &&
+      (xhr.getResponseHeader("Content-Type") || "").indexOf("text/plain") === 0;
+    msg.textContent = plain ? xhr.responseText : "Could not send your decision. Try again.";
+    msg.hidden = false;
   }
+  // In DEBUG, django-htmx replaces the page with any 400 answer; a refused
+  // decision is an expected answer, shown in its card instead.
+  document.addEventListener("htmx:beforeOnLoad", function (evt) {
+    var elt = evt.detail.elt;
+    if (evt.detail.xhr.status === 400 && elt && elt.closest && elt.closest("form.decide")) {
+      evt.stopPropagation();
+    }
+  }, true);
   document.addEventListener("htmx:responseError", decisionFailed);
   document.addEventListener("htmx:sendError", decisionFailed);
   document.addEventListener("htmx:beforeRequest", function (evt) {
@@ -101,6 +116,23 @@
       if (msg) msg.hidden = true;
     }
   });
+
+  // "Allow all / Deny all" covers the cards of its turn that still wait:
+  // cards decided alone leave the group, and a group of one is no group.
+  function pruneBatches() {
+    document.querySelectorAll(".batch form").forEach(function (form) {
+      var left = 0;
+      form.querySelectorAll("input[name=approval_id]").forEach(function (input) {
+        var card = $("approval-" + input.value);
+        if (card && card.dataset.status !== "pending") input.remove(); else left += 1;
+      });
+      if (left < 2) { form.remove(); return; }
+      var count = form.querySelector("[data-batch-count]");
+      if (count) count.textContent = left;
+    });
+  }
+  document.addEventListener("htmx:wsAfterMessage", pruneBatches);
+  document.addEventListener("htmx:afterSettle", pruneBatches);
 
   document.addEventListener("DOMContentLoaded", function () { window.scrollTo(0, document.body.scrollHeight); });
 })();

@@ -8,7 +8,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals.models import ToolApproval
+from approvals.models import ToolApproval, ToolRule, arguments_hash
 from tests.factories import make_approval, make_conversation, make_user
 
 pytestmark = pytest.mark.django_db
@@ -138,3 +138,55 @@ def test_members_cannot_open_the_admin(alice):
     client.force_login(alice)
     response = client.get(reverse("admin:approvals_toolapproval_changelist"))
     assert response.status_code == 302
+
+
+def test_an_edited_call_and_a_rules_call_say_why_in_the_admin_and_the_csv(staff_client, alice):
+    conversation = make_conversation(alice)
+    rule = ToolRule.objects.create(tool="terminal", pattern="ls *", action="allow", note="reads")
+    by_rule = make_approval(
+        conversation,
+        tool_name="terminal",
+        arguments={"command": "ls -la"},
+        status="allowed",
+        reason="rule",
+        rule=rule,
+        rule_snapshot=rule.snapshot(),
+    )
+    edited = make_approval(
+        conversation,
+        arguments={"code": "print(1)"},
+        status="allowed",
+        reason="edited",
+        decided_by=alice,
+        decided_at=timezone.now(),
+        approved_arguments={"code": "print(2)"},
+        approved_sha256=arguments_hash({"code": "print(2)"}),
+    )
+    rule.delete()  # the history keeps its copy
+    page = staff_client.get(reverse("admin:approvals_toolapproval_change", args=[edited.pk]))
+    html = page.content.decode()
+    assert "Allowed with edits" in html
+    assert "-print(1)" in html and "+print(2)" in html
+    page = staff_client.get(reverse("admin:approvals_toolapproval_change", args=[by_rule.pk]))
+    assert "rule: allow terminal &quot;ls *&quot; (everyone) — reads" in page.content.decode()
+
+    response = staff_client.post(
+        reverse("admin:approvals_toolapproval_changelist"),
+        {"action": "export_csv", "_selected_action": [by_rule.pk, edited.pk]},
+    )
+    table = {r["reason"]: r for r in csv.DictReader(io.StringIO(response.content.decode()))}
+    assert table["rule"]["rule"] == 'allow terminal "ls *" (everyone) — reads'
+    assert table["edited"]["approved_arguments"] == '{"code": "print(2)"}'
+    assert table["edited"]["approved_sha256"] == arguments_hash({"code": "print(2)"})
+    filtered = staff_client.get(
+        reverse("admin:approvals_toolapproval_changelist"), {"reason__exact": "edited"}
+    )
+    assert filtered.context["cl"].result_count == 1
+
+
+def test_the_tool_rules_admin_shows_the_environments_allow_rules(staff_client, settings):
+    settings.STUDIO_AUTO_ALLOW_TOOLS = ["web_fetch"]
+    page = staff_client.get(reverse("admin:approvals_toolrule_changelist"))
+    assert "STUDIO_AUTO_ALLOW_TOOLS (read-only): web_fetch" in page.content.decode()
+    for label in ("Tool", "Pattern", "Action"):
+        assert label in staff_client.get(reverse("admin:approvals_toolrule_add")).content.decode()

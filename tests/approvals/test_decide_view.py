@@ -141,12 +141,12 @@ def test_csrf_header_as_htmx_sends_it_is_accepted(alice, approval, conversation)
     assert ToolApproval.objects.get(pk=approval.pk).status == "allowed"
 
 
-def test_always_creates_a_grant(alice_client, approval, conversation):
+def test_always_creates_a_rule(alice_client, approval, conversation):
     response = alice_client.post(
         url(approval.approval_id), {"decision": "always"}, HTTP_ACCEPT="application/json"
     )
     assert response.json() == {"resolved": True, "status": "allowed", "reason": "always_allow"}
-    assert conversation.grants.active().filter(tool_name="python").count() == 1
+    assert conversation.rules.active().filter(tool="python", pattern="").count() == 1
 
 
 @pytest.mark.parametrize("field", ["decision", "note"])

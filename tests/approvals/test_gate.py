@@ -276,14 +276,15 @@ def test_closing_a_run_removes_slots_never_waited_on(conversation, gate):
     assert ToolApproval.objects.get(pk=other.pk).status == "pending"
 
 
-def test_always_allow_records_a_grant_for_that_tool_in_that_conversation(conversation, alice, gate):
+def test_always_allow_makes_a_rule_for_that_tool_in_that_conversation(conversation, alice, gate):
     other_conversation = make_conversation(alice)
     approval, _ = request(conversation, gate)
     result = approval_decide(approval_id=approval.approval_id, user=alice, decision="always")
     assert (result.approval.status, result.approval.reason) == ("allowed", "always_allow")
-    grants = list(conversation.grants.active().values_list("tool_name", flat=True))
-    assert grants == ["python"]
-    assert not other_conversation.grants.exists()
+    rules = list(conversation.rules.active().values_list("tool", "pattern", "action", "scope"))
+    assert rules == [("python", "", "allow", "conversation")]
+    assert result.approval.rule_snapshot["id"] == conversation.rules.get().pk
+    assert not other_conversation.rules.exists()
 
 
 def test_register_refuses_an_empty_or_duplicate_id(gate):

@@ -7,34 +7,14 @@ import re
 import sys
 
 import pytest
-from django.contrib.auth.hashers import make_password
 
-from tests.browser.test_chat_browser import TIMEOUT, ask, login, new_chat, pending_card
-from tests.factories import PASSWORD, make_user
+from tests.browser.ui import ask, login, new_chat, pending_card
 from tests.helpers.procs import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("root_sandbox")]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 SERVER = ROOT / "tests" / "helpers" / "mcp_server.py"
-
-
-@pytest.fixture
-def admin_member(settings):
-    user = make_user("ada", superuser=True)
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.PBKDF2PasswordHasher"]
-    user.password = make_password(PASSWORD)
-    user.save(update_fields=["password"])
-    return user
-
-
-@pytest.fixture
-def page(browser, studio_server):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.set_default_timeout(TIMEOUT)
-    page = context.new_page()
-    yield page
-    context.close()
 
 
 def test_an_admin_adds_an_mcp_server_and_its_gated_tool_runs(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from approvals.models import ToolApproval, ToolGrant
+from approvals.models import ToolApproval, ToolRule
 from approvals.services import approval_decide
 from chat.agent import DUPLICATE_TEXT
 from chat.events import Done, Failed, ToolFinished, ToolStarted
@@ -170,20 +170,48 @@ def test_errored_call_does_not_count_as_already_ran(conversation):
     assert all(r.startswith("Error: exited with status 3") for r in results)
 
 
-def test_grant_runs_without_prompt_and_records_an_always_allow_row(conversation, alice, settings):
-    ToolGrant.objects.create(conversation=conversation, tool_name="python", granted_by=alice)
+def allow_rule(conversation, tool: str) -> ToolRule:
+    return ToolRule.objects.create(
+        tool=tool, action="allow", scope="conversation", conversation=conversation
+    )
+
+
+def test_an_allow_rule_runs_without_prompt_and_names_itself_on_the_row(
+    conversation, alice, settings
+):
+    rule = allow_rule(conversation, "python")
     model = ScriptedModel([("", [call("python", APPEND)]), ("Done.", [])])
     driver = start(conversation, model)
     driver.finish()
     start_event = driver.of(ToolStarted)[0]
     assert start_event.awaiting is False
     row = ToolApproval.objects.get()
-    assert (row.status, row.reason) == ("allowed", "always_allow")
+    assert (row.status, row.reason, row.rule) == ("allowed", "rule", rule)
+    assert row.rule_snapshot == rule.snapshot()
+    rule.refresh_from_db()
+    assert rule.hits == 1
     assert runs_file_lines(settings, conversation) == 1
 
 
-def test_grant_is_for_one_tool_only(conversation, alice):
-    ToolGrant.objects.create(conversation=conversation, tool_name="terminal", granted_by=alice)
+def test_a_deny_rule_blocks_without_asking_and_the_loop_goes_on(conversation, settings):
+    conversation.confirm_tool_calls = False  # an admin's Deny holds even so
+    conversation.save()
+    ToolRule.objects.create(tool="python", pattern="*runs.txt*", action="deny", note="Not there.")
+    model = ScriptedModel([("", [call("python", APPEND)]), ("Understood.", [])])
+    driver = start(conversation, model)
+    driver.finish()
+    assert [e.awaiting for e in driver.of(ToolStarted)] == [False]
+    assert driver.of(ToolFinished)[0].result == "Blocked by a rule: Not there."
+    row = ToolApproval.objects.get()
+    assert (row.status, row.reason, row.rule_snapshot["note"]) == ("denied", "rule", "Not there.")
+    assert runs_file_lines(settings, conversation) == 0
+    assert conversation.messages.last().content == "Understood."
+    # The model read the block as its tool result.
+    assert model.seen[-1][-1]["content"] == "Blocked by a rule: Not there."
+
+
+def test_a_rule_is_for_its_tool_only(conversation, alice):
+    allow_rule(conversation, "terminal")
     model = ScriptedModel([("", [call("python", APPEND)]), ("Done.", [])])
     driver = start(conversation, model)
     event = driver.wait_for(ToolStarted)
@@ -199,7 +227,8 @@ def test_confirmation_off_runs_without_prompt_and_still_records(conversation, se
     driver = start(conversation, model)
     driver.finish()
     row = ToolApproval.objects.get()
-    assert (row.status, row.reason) == ("allowed", "policy")
+    # The member's own switch, not an admin's policy.
+    assert (row.status, row.reason) == ("allowed", "confirm_off")
     assert runs_file_lines(settings, conversation) == 1
 
 

@@ -4,7 +4,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from approvals.models import ToolGrant
+from approvals.models import ToolRule
 from chat.models import Conversation, Message
 from tests.factories import make_approval, make_conversation
 
@@ -89,7 +89,7 @@ def test_page_renders_history_with_live_and_decided_cards(alice_client, conversa
     assert "csrfmiddlewaretoken" in html  # plain forms work before any script runs
 
 
-def test_settings_update_and_grant_revoke(alice_client, conversation, alice):
+def test_settings_update_and_rule_revoke(alice_client, conversation, alice):
     url = reverse("chat:settings", args=[conversation.pk])
     response = alice_client.post(
         url, {"enabled_tools": ["python", "bogus"]}, HTTP_HX_REQUEST="true"
@@ -98,21 +98,23 @@ def test_settings_update_and_grant_revoke(alice_client, conversation, alice):
     conversation.refresh_from_db()
     assert conversation.confirm_tool_calls is False
     assert conversation.enabled_tools == ["python"]
-    grant = ToolGrant.objects.create(
-        conversation=conversation, tool_name="python", granted_by=alice
+    grant = ToolRule.objects.create(
+        tool="python", action="allow", scope="conversation", conversation=conversation
     )
-    revoke = reverse("chat:grant_revoke", args=[conversation.pk, grant.pk])
+    revoke = reverse("chat:rule_revoke", args=[conversation.pk, grant.pk])
     assert alice_client.post(revoke).status_code == 302
     grant.refresh_from_db()
     assert grant.revoked_at is not None and grant.revoked_by == alice
     assert alice_client.post(revoke).status_code == 404  # already revoked
 
 
-def test_grants_of_other_conversations_cannot_be_revoked(alice_client, alice, bob):
+def test_rules_of_other_conversations_cannot_be_revoked(alice_client, alice, bob):
     mine = make_conversation(alice)
     theirs = make_conversation(bob)
-    grant = ToolGrant.objects.create(conversation=theirs, tool_name="python", granted_by=bob)
-    response = alice_client.post(reverse("chat:grant_revoke", args=[mine.pk, grant.pk]))
+    grant = ToolRule.objects.create(
+        tool="python", action="allow", scope="conversation", conversation=theirs
+    )
+    response = alice_client.post(reverse("chat:rule_revoke", args=[mine.pk, grant.pk]))
     assert response.status_code == 404
     grant.refresh_from_db()
     assert grant.revoked_at is None
