@@ -33,6 +33,8 @@ CSV_FIELDS = [
     "approved_sha256",
     "rule_id",
     "rule",
+    "needs_review",
+    "reviewed_by",
 ]
 
 
@@ -69,6 +71,8 @@ def export_csv(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
             a.approved_sha256,
             a.rule_id or "",
             rule_text(a.rule_snapshot),
+            "yes" if a.needs_review else "",
+            a.reviewed_by.get_username() if a.reviewed_by else "",
         ]
         writer.writerow([csv_safe(str(cell)) for cell in cells])
     return response
@@ -100,10 +104,11 @@ class ToolApprovalAdmin(admin.ModelAdmin):
         "status",
         "reason",
         "decided_by",
+        "reviewer",
         "decided_at",
         "wait_time",
     ]
-    list_filter = ["status", "reason", "tool_name", "requested_at"]
+    list_filter = ["status", "reason", "needs_review", "tool_name", "requested_at"]
     search_fields = [
         "tool_name",
         "arguments",
@@ -115,8 +120,15 @@ class ToolApprovalAdmin(admin.ModelAdmin):
     date_hierarchy = "requested_at"
     list_select_related = ["conversation", "requested_by", "decided_by"]
     actions = [export_csv]
-    readonly_fields = ["why", "edits", *(f.name for f in ToolApproval._meta.fields)]
+    readonly_fields = ["why", "reviewer", "edits", *(f.name for f in ToolApproval._meta.fields)]
     show_full_result_count = False
+
+    @admin.display(description="reviewed by")
+    def reviewer(self, obj: ToolApproval) -> str:
+        reviewer = obj.reviewed_by
+        if reviewer is not None:
+            return reviewer.get_username()
+        return "waiting" if obj.needs_review and obj.is_pending else "—"
 
     @admin.display(description="why")
     def why(self, obj: ToolApproval) -> str:

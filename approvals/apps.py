@@ -9,8 +9,10 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self) -> None:
         from approvals.services import approval_poll_waiters, wake_from_message
+        from approvals.webhook import webhook_loop
         from studio.runtime import runtime
 
-        inbox = runtime().inbox
-        inbox.register("approval.decided", wake_from_message)
-        inbox.poll = approval_poll_waiters
+        rt = runtime()
+        rt.inbox.register("approval.decided", wake_from_message)
+        rt.inbox.poll = approval_poll_waiters
+        rt.services.append(webhook_loop)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
@@ -20,6 +21,34 @@ def new_approval_id() -> str:
 
 def arguments_hash(arguments: object) -> str:
     return hashlib.sha256(canonical_json(arguments).encode()).hexdigest()
+
+
+REVIEW_PERMISSION = "approvals.review_toolapproval"
+
+
+def can_review(user) -> bool:
+    """Holds "Can review approvals" (given through groups in the admin)."""
+    return bool(
+        user is not None
+        and user.is_authenticated
+        and user.is_active
+        and user.has_perm(REVIEW_PERMISSION)
+    )
+
+
+@dataclass(frozen=True)
+class Rights:
+    """What one member may do with one pending card, and why not when they may not allow."""
+
+    allow: bool  # Allow, and Allow with edits
+    always: bool  # Always allow (makes a rule in the member's chat)
+    deny: bool
+    as_reviewer: bool = False
+    refusal: str = ""
+
+
+NOT_YOURS = "This call waits for a reviewer: you can deny it or stop the run."
+OWN_CALL = "You cannot approve a call you requested yourself."
 
 
 class ApprovalQuerySet(models.QuerySet):
@@ -92,6 +121,9 @@ class ToolApproval(models.Model):
         "approvals.ToolRule", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     rule_snapshot = models.JSONField(null=True, blank=True)
+    # A Review rule matched: only a reviewer other than the requester may
+    # allow it (the member may still deny it or stop the run).
+    needs_review = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     reason = models.CharField(max_length=16, choices=Reason.choices, blank=True)
     decided_by = models.ForeignKey(
@@ -103,11 +135,16 @@ class ToolApproval(models.Model):
     # The channel-layer inbox of the process whose run waits on this row;
     # a decision made in another process is sent there.
     waiter_inbox = models.CharField(max_length=200, blank=True)
+    # STUDIO_APPROVAL_WEBHOOK_URL: when a process claimed the one POST for this
+    # row (a conditional update: one claim across processes), and how it went.
+    webhook_at = models.DateTimeField(null=True, blank=True)
+    webhook_result = models.CharField(max_length=200, blank=True)
 
     objects = ApprovalQuerySet.as_manager()
 
     class Meta:
         ordering = ["-requested_at"]
+        permissions = [("review_toolapproval", "Can review approvals")]
         indexes = [
             # Admin changelist: ORDER BY requested_at DESC, filtered by status.
             models.Index(fields=["status", "-requested_at"], name="appr_status_requested"),
@@ -167,7 +204,7 @@ class ToolApproval(models.Model):
         """What the card says: a timeout or a cancel is not a person's deny,
         and a rule, the member's switch and the admin's policy are told apart."""
         if self.status == self.Status.PENDING:
-            return "Waiting for your decision"
+            return "Waiting for a reviewer" if self.needs_review else "Waiting for your decision"
         if self.reason in (self.Reason.TIMEOUT, self.Reason.CANCELLED, self.Reason.EXPIRED):
             return self.get_reason_display()
         if self.status == self.Status.ALLOWED:
@@ -181,6 +218,32 @@ class ToolApproval(models.Model):
         if self.reason == self.Reason.RULE:
             return "Blocked by a rule"
         return "Denied"
+
+    def rights(self, user=None) -> Rights:
+        """What ``user`` (None: the conversation's owner) may decide on this call.
+
+        Ordinary calls: the owner decides. A call that waits for a reviewer:
+        any reviewer but its requester may allow it; the owner may only deny.
+        Someone who may not even see the row gets no rights at all.
+        """
+        owner_id = self.conversation.owner_id
+        is_owner = user is None or user.pk == owner_id
+        if not self.needs_review:
+            return Rights(allow=is_owner, always=is_owner, deny=is_owner)
+        requester = self.requested_by_id or owner_id
+        if user is not None and user.pk != requester and can_review(user):
+            return Rights(allow=True, always=False, deny=True, as_reviewer=True)
+        reviewer = user is not None and can_review(user)
+        return Rights(
+            allow=False, always=False, deny=is_owner, refusal=OWN_CALL if reviewer else NOT_YOURS
+        )
+
+    @property
+    def reviewed_by(self):
+        """Who decided a call that waited for a reviewer (None if the member did)."""
+        if self.needs_review and self.decided_by_id not in (None, self.requested_by_id):
+            return self.decided_by
+        return None
 
 
 class RuleQuerySet(models.QuerySet):
@@ -284,3 +347,16 @@ class ToolRule(models.Model):
             "scope": self.scope,
             "note": self.note,
         }
+
+
+class InboxPreference(models.Model):
+    """A member's choices about their approvals inbox (stored, so every browser agrees)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="inbox_preference"
+    )
+    # Browser notifications for new cards while the page is hidden (opt-in).
+    notify = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"inbox preferences of {self.user}"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# Every socket of a member who holds "Can review approvals".
+REVIEWERS_GROUP = "reviewers"
+
 
 def member_group(user_id: int) -> str:
     """Every socket of one member (session checks; their approvals inbox)."""

@@ -29,13 +29,14 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.template.loader import render_to_string
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 
 from approvals.gate import Slot
-from approvals.models import ToolApproval, ToolRule, arguments_hash
+from approvals.models import ToolApproval, ToolRule, arguments_hash, can_review
+from approvals.notify import REVIEWERS_GROUP, member_group
 from approvals.patterns import glob_escape
 from studio.cancel import CancelToken
 from studio.runtime import runtime
@@ -74,6 +75,10 @@ class InvalidDecision(ValueError):
     """The decision (or its note) is not acceptable; the message says why."""
 
 
+class DecisionForbidden(Exception):
+    """The member may see the approval but not make this decision (a 403; says why)."""
+
+
 @dataclass(frozen=True)
 class DecideResult:
     resolved: bool
@@ -85,16 +90,23 @@ class DecideResult:
 
 
 def approval_get_for_user(*, approval_id: str, user) -> ToolApproval:
+    """The approval if ``user`` may see it: their conversation's, or one that waits
+    for a reviewer when they are one. Anything else is "not found"."""
     if not approval_id or not isinstance(approval_id, str) or len(approval_id) > 64:
         raise ApprovalNotFound(approval_id)
     if user is None or not user.is_authenticated:
         raise ApprovalNotFound(approval_id)
-    try:
-        return ToolApproval.objects.select_related("conversation").get(
-            approval_id=approval_id, conversation__owner=user
-        )
-    except ToolApproval.DoesNotExist:
-        raise ApprovalNotFound(approval_id) from None
+    visible = Q(conversation__owner=user)
+    if can_review(user):
+        visible |= Q(needs_review=True)
+    approval = (
+        ToolApproval.objects.select_related("conversation")
+        .filter(visible, approval_id=approval_id)
+        .first()
+    )
+    if approval is None:
+        raise ApprovalNotFound(approval_id)
+    return approval
 
 
 # --- rules --------------------------------------------------------------------
@@ -197,10 +209,15 @@ def rule_revoke(*, rule: ToolRule, user) -> bool:
     return bool(updated)
 
 
-def card_render(approval: ToolApproval) -> str:
+def card_render(approval: ToolApproval, viewer=None) -> str:
+    """The card as ``viewer`` sees it (None: the conversation's owner, as in the chat)."""
     return render_to_string(
         "approvals/_card.html",
-        {"approval": approval, "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH},
+        {
+            "approval": approval,
+            "viewer": viewer,
+            "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH,
+        },
     )
 
 
@@ -238,9 +255,11 @@ def approval_request(
         tool_schema=schema or {},
         subject=subject,
         waiter_inbox=rt.inbox.name,
+        needs_review=verdict is not None and verdict.action == Action.REVIEW,
         **_rule_fields(verdict),
     )
     slot = rt.gate.register(approval.approval_id, run_id=run_id)
+    inbox_broadcast(approval)
     return approval, slot
 
 
@@ -312,6 +331,7 @@ def approval_decide(
     approval = approval_get_for_user(approval_id=approval_id, user=user)
     if decision not in DECISIONS:
         raise InvalidDecision("decision must be one of: allow, always, deny, edit")
+    _check_rights(approval, user, decision)
     note = strip_nul(note or "").strip()
     if len(note) > settings.STUDIO_NOTE_MAX_LENGTH:
         raise InvalidDecision(f"note must be at most {settings.STUDIO_NOTE_MAX_LENGTH} characters")
@@ -354,6 +374,19 @@ def approval_decide(
     html = card_render(approval)
     transaction.on_commit(lambda: _card_broadcast(approval, html))
     return DecideResult(resolved=True, approval=approval, card_html=html)
+
+
+def _check_rights(approval: ToolApproval, user, decision: str) -> None:
+    rights = approval.rights(user)
+    if decision == "deny" and not rights.deny:
+        raise DecisionForbidden("Only the conversation's member or a reviewer can deny this call.")
+    if decision in ("allow", "edit") and not rights.allow:
+        raise DecisionForbidden(rights.refusal)
+    if decision == "always" and not rights.always:
+        raise DecisionForbidden(
+            rights.refusal if approval.needs_review and not rights.allow
+            else "A reviewer decides this call only; rules are the member's or an admin's."
+        )  # fmt: skip
 
 
 def _edited(approval: ToolApproval, arguments: object) -> dict:
@@ -405,6 +438,9 @@ def approvals_decide(*, approval_ids: list[str], user, decision: str, note: str 
         except ApprovalNotFound:
             answers.append({"approval_id": approval_id, "error": "not found"})
             continue
+        except DecisionForbidden as exc:
+            answers.append({"approval_id": approval_id, "error": str(exc)})
+            continue
         row = result.approval
         answers.append(
             {
@@ -440,6 +476,23 @@ def _card_broadcast(approval: ToolApproval, html: str) -> None:
             "html": html,
         },
     )
+    inbox_broadcast(approval)
+
+
+def inbox_broadcast(approval: ToolApproval) -> None:
+    """Tell the inboxes (and header counts) of whoever may decide it that it came or went.
+
+    Ids only: each socket renders the card for its own member.
+    """
+    message = {
+        "type": "inbox.changed",
+        "approval_id": approval.approval_id,
+        "pending": approval.is_pending,
+    }
+    outbox = runtime().outbox
+    outbox.group(member_group(approval.conversation.owner_id), message)
+    if approval.needs_review:
+        outbox.group(REVIEWERS_GROUP, message)
 
 
 def approvals_end(*, pending, reason: str) -> list[ToolApproval]:

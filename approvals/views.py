@@ -5,11 +5,13 @@ import json
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
-from approvals.models import ToolApproval
+from approvals.inbox import entry_context, inbox_queryset, notifications_set, wants_notifications
+from approvals.models import ToolApproval, can_review
 from approvals.services import (
     ApprovalNotFound,
+    DecisionForbidden,
     InvalidDecision,
     approval_decide,
     approvals_decide,
@@ -17,6 +19,30 @@ from approvals.services import (
 from studio.http import HtmxHttpRequest, wants_json
 
 SINGLE = ("decision", "note", "arguments", "pattern", "scope")
+
+
+@require_GET
+@login_required
+def inbox(request: HtmxHttpRequest) -> HttpResponse:
+    """Every pending approval the member may decide, newest first (live over /ws/inbox/)."""
+    user = request.user
+    entries = [entry_context(approval, user) for approval in inbox_queryset(user)]
+    return render(
+        request,
+        "approvals/inbox.html",
+        {"entries": entries, "notify": wants_notifications(user), "reviewer": can_review(user)},
+    )
+
+
+@require_POST
+@login_required
+def notifications(request: HtmxHttpRequest) -> HttpResponse:
+    """The inbox's opt-in switch for browser notifications."""
+    on = request.POST.get("notify") in ("on", "true", "1")
+    notifications_set(request.user, on=on)
+    if wants_json(request) or request.htmx:
+        return JsonResponse({"notify": on})
+    return redirect("approvals:inbox")
 
 
 @require_POST
@@ -41,6 +67,8 @@ def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
         raise Http404("No such approval.") from None
     except InvalidDecision as exc:
         return _bad_request(request, str(exc))
+    except DecisionForbidden as exc:
+        return _refused(request, str(exc), status=403)
 
     approval = result.approval
     status = 200 if result.resolved else 409
@@ -53,7 +81,7 @@ def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
         # A 409 carries the current card too; studio.js tells htmx to swap it.
         return HttpResponse(result.card_html, status=status)
     if result.resolved:
-        return redirect("chat:conversation", approval.conversation_id)
+        return _back(request, approval)
     return render(request, "approvals/already_decided.html", {"approval": approval}, status=409)
 
 
@@ -78,7 +106,14 @@ def decide_batch(request: HtmxHttpRequest) -> HttpResponse:
     if not found:
         raise Http404("No such approval.")
     first = ToolApproval.objects.get(approval_id=found[0]["approval_id"])
-    return redirect("chat:conversation", first.conversation_id)
+    return _back(request, first)
+
+
+def _back(request: HtmxHttpRequest, approval: ToolApproval) -> HttpResponse:
+    """After a plain-form decision: the chat for its member, the inbox for a reviewer."""
+    if approval.conversation.owner_id == request.user.pk:
+        return redirect("chat:conversation", approval.conversation_id)
+    return redirect("approvals:inbox")
 
 
 def _once(request: HtmxHttpRequest, names: tuple[str, ...]) -> None:
@@ -100,6 +135,10 @@ def _edited_arguments(request: HtmxHttpRequest) -> object:
 
 
 def _bad_request(request: HtmxHttpRequest, message: str) -> HttpResponse:
+    return _refused(request, message, status=400)
+
+
+def _refused(request: HtmxHttpRequest, message: str, *, status: int) -> HttpResponse:
     if wants_json(request):
-        return JsonResponse({"error": message}, status=400)
-    return HttpResponse(message, status=400, content_type="text/plain; charset=utf-8")
+        return JsonResponse({"error": message}, status=status)
+    return HttpResponse(message, status=status, content_type="text/plain; charset=utf-8")

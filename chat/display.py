@@ -80,12 +80,13 @@ def transcript_items(conversation: Conversation, *, limit: int = 500) -> list[It
     """Messages in order, each assistant turn with its tool calls, approvals and results."""
     messages = list(conversation.messages.order_by("-created_at", "-id")[:limit])
     messages.reverse()
-    approvals = {
-        (a.run_id, a.tool_call_id): a
-        for a in ToolApproval.objects.filter(conversation=conversation)
-        .select_related("decided_by")
-        .order_by("requested_at")
-    }
+    approvals = {}
+    rows = ToolApproval.objects.filter(conversation=conversation).select_related(
+        "decided_by", "requested_by"
+    )
+    for a in rows.order_by("requested_at"):
+        a.conversation = conversation  # the cards ask whose it is; no query each
+        approvals[(a.run_id, a.tool_call_id)] = a
     items: list[Item] = []
     blocks: dict[str, ToolBlock] = {}
     for m in messages:

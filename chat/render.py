@@ -163,6 +163,17 @@ def page_context(conversation: Conversation) -> dict:
     }
 
 
+def review_context(conversation: Conversation, *, viewer) -> dict:
+    """The conversation page, read-only, for a reviewer (cards as they see them)."""
+    return {
+        "conversation": conversation,
+        "items": transcript_items(conversation),
+        "read_only": True,
+        "viewer": viewer,
+        "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH,
+    }
+
+
 def catch_up(conversation: Conversation) -> str:
     """Everything a (re)connecting tab needs to be current: transcript and run state."""
     running = Run.objects.running().filter(conversation=conversation).exists()

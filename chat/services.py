@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from datetime import timedelta
@@ -12,12 +11,13 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from approvals.models import ToolApproval, ToolRule
+from approvals.models import ToolApproval, ToolRule, can_review
 from approvals.notify import member_group
 from approvals.services import approvals_end, rule_revoke
 from chat.models import Conversation, Message, Run
 from chat.tools import builtin_tools
 from studio.runtime import runtime
+from studio.sessions import session_digest
 
 logger = logging.getLogger(__name__)
 
@@ -26,11 +26,6 @@ TITLE_LENGTH = 60
 
 class RunBusy(Exception):
     """The conversation already has a run going."""
-
-
-def session_digest(session_key: str | None) -> str:
-    """A session key as it may travel through the channel layer (not the key itself)."""
-    return hashlib.sha256((session_key or "").encode()).hexdigest() if session_key else ""
 
 
 def member_sessions_recheck(*, user_id: int, ended_session: str | None = None) -> None:
@@ -82,6 +77,19 @@ def conversation_image(*, conversation: Conversation, name: str):
     if root not in path.parents or not path.is_file():
         return None
     return path, mime
+
+
+def conversation_under_review(*, conversation_id: int, user) -> Conversation | None:
+    """Another member's conversation a reviewer may read while one of its calls
+    waits for a reviewer (read-only: no sending, no settings)."""
+    if not can_review(user):
+        return None
+    waiting = ToolApproval.objects.pending().filter(
+        conversation_id=conversation_id, needs_review=True
+    )
+    if not waiting.exists():
+        return None
+    return Conversation.objects.select_related("owner").filter(pk=conversation_id).first()
 
 
 def conversation_rule_revoke(*, conversation: Conversation, rule_id: int, user) -> bool:

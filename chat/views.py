@@ -17,6 +17,7 @@ from chat.services import (
     conversation_rule_revoke,
     conversation_settings_update,
     conversation_start,
+    conversation_under_review,
 )
 from studio.http import HtmxHttpRequest
 from studio.text import strip_nul
@@ -24,6 +25,18 @@ from studio.text import strip_nul
 
 def _owned(request: HtmxHttpRequest, conversation_id: int) -> Conversation:
     return get_object_or_404(Conversation.objects.owned_by(request.user), pk=conversation_id)
+
+
+def _viewable(request: HtmxHttpRequest, conversation_id: int) -> tuple[Conversation, bool]:
+    """The conversation and whether it is shown read-only: its owner's, or a
+    reviewer's while one of its calls waits for a reviewer. Else 404."""
+    conversation = Conversation.objects.owned_by(request.user).filter(pk=conversation_id).first()
+    if conversation is not None:
+        return conversation, False
+    conversation = conversation_under_review(conversation_id=conversation_id, user=request.user)
+    if conversation is None:
+        raise Http404("No such conversation.")
+    return conversation, True
 
 
 @require_GET
@@ -42,8 +55,12 @@ def conversation_new(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 @login_required
 def conversation_detail(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
-    conversation = _owned(request, conversation_id)
-    return render(request, "chat/conversation.html", fragments.page_context(conversation))
+    conversation, read_only = _viewable(request, conversation_id)
+    if read_only:
+        context = fragments.review_context(conversation, viewer=request.user)
+    else:
+        context = fragments.page_context(conversation)
+    return render(request, "chat/conversation.html", context)
 
 
 @require_POST
@@ -100,8 +117,9 @@ IMAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
 @require_GET
 @login_required
 def conversation_file(request: HtmxHttpRequest, conversation_id: int, name: str) -> HttpResponse:
-    """An image a tool made, for its owner only; never anything that could run script."""
-    conversation = _owned(request, conversation_id)
+    """An image a tool made, for its owner (and a reviewer while a call of the
+    conversation waits for one); never anything that could run script."""
+    conversation, _ = _viewable(request, conversation_id)
     found = conversation_image(conversation=conversation, name=name)
     if found is None:
         raise Http404("No such image.")

@@ -19,7 +19,8 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from chat.routing import websocket_urlpatterns  # noqa: E402
+from approvals.routing import websocket_urlpatterns as member_sockets  # noqa: E402
+from chat.routing import websocket_urlpatterns as chat_sockets  # noqa: E402
 from studio.websocket import SameOriginValidator, UnknownPathConsumer  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -29,7 +30,9 @@ application = ProtocolTypeRouter(
         "http": ASGIStaticFilesHandler(django_asgi_app),
         "websocket": SameOriginValidator(
             AuthMiddlewareStack(
-                URLRouter([*websocket_urlpatterns, re_path(r"", UnknownPathConsumer.as_asgi())])
+                URLRouter(
+                    [*chat_sockets, *member_sockets, re_path(r"", UnknownPathConsumer.as_asgi())]
+                )
             )
         ),
     }

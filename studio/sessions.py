@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from importlib import import_module
 
 from django.conf import settings
@@ -23,3 +24,8 @@ def session_user(session_key: str | None):
     request = HttpRequest()
     request.session = engine.SessionStore(session_key)
     return auth.get_user(request)
+
+
+def session_digest(session_key: str | None) -> str:
+    """A session key as it may travel through the channel layer (not the key itself)."""
+    return hashlib.sha256((session_key or "").encode()).hexdigest() if session_key else ""

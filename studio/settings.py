@@ -102,6 +102,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "approvals.context_processors.inbox",
             ],
         },
     },
@@ -237,6 +238,19 @@ LOGGING = {
 # Studio
 STUDIO_APPROVAL_TIMEOUT = env_float("STUDIO_APPROVAL_TIMEOUT", 3600, minimum=0.01)
 STUDIO_APPROVAL_POLL_SECONDS = env_float("STUDIO_APPROVAL_POLL_SECONDS", 2, minimum=0.01)
+# A chat tool's incoming webhook: one POST for each call that has waited this
+# many seconds (approvals.webhook). Off when unset.
+STUDIO_APPROVAL_WEBHOOK_URL = env_str("STUDIO_APPROVAL_WEBHOOK_URL")
+if STUDIO_APPROVAL_WEBHOOK_URL and not STUDIO_APPROVAL_WEBHOOK_URL.startswith(
+    ("http://", "https://")
+):
+    raise ImproperlyConfigured("STUDIO_APPROVAL_WEBHOOK_URL must be an http(s) URL")
+STUDIO_APPROVAL_WEBHOOK_AFTER = env_float("STUDIO_APPROVAL_WEBHOOK_AFTER", 60, minimum=0)
+STUDIO_APPROVAL_WEBHOOK_ATTEMPTS = env_int("STUDIO_APPROVAL_WEBHOOK_ATTEMPTS", 4, minimum=1)
+# Seconds before the first retry; each next one waits three times longer.
+STUDIO_APPROVAL_WEBHOOK_BACKOFF = env_float("STUDIO_APPROVAL_WEBHOOK_BACKOFF", 2, minimum=0)
+# This site's address as members reach it, for links sent outside (the webhook).
+STUDIO_SITE_URL = env_str("STUDIO_SITE_URL").rstrip("/")
 STUDIO_NOTE_MAX_LENGTH = 2000
 # How often each process checks whether Redis restarted (and lost its groups).
 STUDIO_LAYER_WATCH_SECONDS = env_float("STUDIO_LAYER_WATCH_SECONDS", 5, minimum=0.1)

@@ -25,6 +25,17 @@ def make_user(username: str | None = None, *, staff: bool = False, superuser: bo
     return user
 
 
+def make_reviewer(username: str | None = None):
+    """A member of a "Reviewers" group holding "Can review approvals", as an admin sets it up."""
+    from django.contrib.auth.models import Group, Permission
+
+    group, _ = Group.objects.get_or_create(name="Reviewers")
+    group.permissions.add(Permission.objects.get(codename="review_toolapproval"))
+    user = make_user(username)
+    user.groups.add(group)
+    return get_user_model().objects.get(pk=user.pk)  # no cached permissions
+
+
 def make_conversation(owner, **fields) -> Conversation:
     fields.setdefault("title", f"Chat {next(_seq)}")
     return Conversation.objects.create(owner=owner, **fields)

@@ -5,6 +5,8 @@ import json
 from urllib.parse import urlsplit
 
 from django import template
+from django.utils import timezone
+from django.utils.timesince import timesince
 
 from approvals.patterns import glob_escape
 from studio.shell import command_parts
@@ -50,6 +52,20 @@ def tool_label(tool_name: str) -> str:
     """``server__tool`` (an MCP server's tool) as "server › tool"."""
     server, sep, tool = (tool_name or "").partition("__")
     return f"{server} › {tool}" if sep else tool_name
+
+
+@register.filter
+def waiting_for(since) -> str:
+    """How long a call has waited, as the inbox says it: "for 5 minutes"."""
+    if since is None or (timezone.now() - since).total_seconds() < 60:
+        return "for less than a minute"
+    return f"for {timesince(since)}"
+
+
+@register.simple_tag(takes_context=True)
+def card_rights(context, approval):
+    """What the page's ``viewer`` may decide on the card (none: the conversation's owner)."""
+    return approval.rights(context.get("viewer") or None)
 
 
 @register.filter

@@ -94,16 +94,17 @@
     var msg = form.querySelector(".decide-error");
     if (!msg) return;
     var xhr = evt.detail.xhr;
-    var plain = xhr && xhr.status === 400 &&
+    var plain = xhr && (xhr.status === 400 || xhr.status === 403) &&
       (xhr.getResponseHeader("Content-Type") || "").indexOf("text/plain") === 0;
     msg.textContent = plain ? xhr.responseText : "Could not send your decision. Try again.";
     msg.hidden = false;
   }
-  // In DEBUG, django-htmx replaces the page with any 400 answer; a refused
+  // In DEBUG, django-htmx replaces the page with any 400/403 answer; a refused
   // decision is an expected answer, shown in its card instead.
   document.addEventListener("htmx:beforeOnLoad", function (evt) {
     var elt = evt.detail.elt;
-    if (evt.detail.xhr.status === 400 && elt && elt.closest && elt.closest("form.decide")) {
+    var status = evt.detail.xhr.status;
+    if ((status === 400 || status === 403) && elt && elt.closest && elt.closest("form.decide")) {
       evt.stopPropagation();
     }
   }, true);
@@ -133,6 +134,60 @@
   }
   document.addEventListener("htmx:wsAfterMessage", pruneBatches);
   document.addEventListener("htmx:afterSettle", pruneBatches);
+
+  // The header's count of waiting approvals leads the tab's title: "(2) …".
+  function syncTitle() {
+    var badge = $("approvals-count");
+    if (!badge) return;
+    var n = parseInt(badge.dataset.pendingCount || "0", 10);
+    var base = document.title.replace(/^\(\d+\) /, "");
+    document.title = n > 0 ? "(" + n + ") " + base : base;
+  }
+
+  // The inbox: one entry per approval (a live add can meet a catch-up), and
+  // a word when nothing waits.
+  function tidyInbox() {
+    var list = $("inbox-list");
+    if (!list) return;
+    var seen = {};
+    list.querySelectorAll(".inbox-entry[id]").forEach(function (el) {
+      if (seen[el.id]) el.remove(); else seen[el.id] = true;
+    });
+    var empty = document.querySelector(".inbox-empty");
+    if (empty) empty.hidden = list.querySelector(".inbox-entry") !== null;
+  }
+
+  // A new card while the page is in the background: a browser notification
+  // (the member opted in on the inbox page; the server only sends then).
+  var notified = {};
+  function notifyNewCard() {
+    var note = $("inbox-notify");
+    var id = note && note.dataset.approvalId;
+    if (!id || notified[id]) return;
+    notified[id] = true;
+    if (!document.hidden || !("Notification" in window) || Notification.permission !== "granted") return;
+    var n = new Notification(note.dataset.title, { body: note.dataset.body, tag: id });
+    var url = note.dataset.url;
+    n.onclick = function () {
+      window.focus();
+      var card = $("approval-" + id);
+      if (card) card.scrollIntoView({ block: "center" }); else window.location.href = url;
+      n.close();
+    };
+  }
+
+  document.addEventListener("change", function (evt) {
+    var t = evt.target;
+    if (t && t.id === "notify-toggle" && t.checked && "Notification" in window &&
+        Notification.permission === "default") {
+      Notification.requestPermission();
+    }
+  });
+
+  function afterLiveUpdate() { syncTitle(); tidyInbox(); notifyNewCard(); }
+  document.addEventListener("htmx:wsAfterMessage", afterLiveUpdate);
+  document.addEventListener("htmx:afterSettle", afterLiveUpdate);
+  document.addEventListener("DOMContentLoaded", function () { syncTitle(); tidyInbox(); });
 
   document.addEventListener("DOMContentLoaded", function () { window.scrollTo(0, document.body.scrollHeight); });
 })();

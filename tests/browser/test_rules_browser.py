@@ -70,8 +70,8 @@ def test_always_allow_commands_starting_with_a_word(page, studio_server, member,
     assert rule.get_attribute("data-rule-pattern") == "ls *"
 
     ask(page, "$ ls -la")
+    page.locator('[data-approval-id][data-reason="rule"]').wait_for()  # the run started
     run_finished(page)
-    page.locator('[data-approval-id][data-reason="rule"]').wait_for()
     assert page.locator('[data-status="pending"]').count() == 0  # it ran without asking
 
     ask(page, "$ ls; rm x")

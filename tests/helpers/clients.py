@@ -45,7 +45,7 @@ class Browserish:
 
 
 class Tab:
-    """A WebSocket on one conversation, with bounded waits for fragments.
+    """A WebSocket on one conversation (or the inbox), with bounded waits for fragments.
 
     Like htmx's ws extension in the browser, it reconnects after an abnormal
     closure (1006, 1011, 1012, 1013).
@@ -53,8 +53,11 @@ class Tab:
 
     RECONNECT_CODES = {1006, 1011, 1012, 1013}
 
-    def __init__(self, ws_base: str, conversation_id: int, session: str, origin: str) -> None:
-        self.url = f"{ws_base}/ws/c/{conversation_id}/"
+    def __init__(
+        self, ws_base: str, conversation_id: int | None, session: str, origin: str, *, path=""
+    ) -> None:
+        # ``path``: another socket of the member's (``/ws/inbox/``, ``/ws/me/``).
+        self.url = f"{ws_base}{path or f'/ws/c/{conversation_id}/'}"
         self.headers = {"Cookie": f"sessionid={session}", "Origin": origin}
         self.ws = self._connect()
         self.frames: list[str] = []

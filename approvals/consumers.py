@@ -1,0 +1,134 @@
+"""A member's sockets: the live header count on every page, and the approvals inbox."""
+
+from __future__ import annotations
+
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from approvals.inbox import count_badge, inbox_change, inbox_count, inbox_state
+from approvals.models import can_review
+from approvals.notify import REVIEWERS_GROUP, member_group
+from studio.runtime import runtime
+from studio.sessions import session_digest, session_user
+
+# Close codes the page understands (studio.js): it stops reconnecting and says why.
+CLOSE_LOGGED_OUT = 4401
+CLOSE_NOT_FOUND = 4404
+
+SESSION_ENDED = "Your session has ended (logged out, or the account changed). Log in again."
+
+
+async def off_loop(fn, *args, **kwargs):
+    """Database work for a socket, on the runtime's pool (not the one sync thread)."""
+    return await runtime().off_loop(fn, *args, **kwargs)
+
+
+def _session_alive(session_key: str | None, user_id: int) -> bool:
+    user = session_user(session_key)
+    return user.is_authenticated and user.pk == user_id
+
+
+def _member_groups(user) -> list[str]:
+    groups = [member_group(user.pk)]
+    if can_review(user):
+        groups.append(REVIEWERS_GROUP)
+    return groups
+
+
+class MemberSocket(AsyncWebsocketConsumer):
+    """One tab of one member: their group (and the reviewers'), kept current.
+
+    It joins its groups before accepting and sends the full state on every
+    connect (and after Redis forgot the groups), so nothing that happened
+    since the page was rendered is missed. It acts only while its session
+    still logs the member in. Subclasses say what else the socket is for
+    (``admit``), which groups it joins and what its state is.
+    """
+
+    user = None
+    joined: list[str] = []
+    with_cards = False  # the inbox page: its entries are live too
+
+    async def connect(self) -> None:
+        # Refusals accept first and then close, so the page learns the code.
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.accept()
+            await self.close(code=CLOSE_LOGGED_OUT)
+            return
+        await runtime().start()
+        self.user = user
+        if not await self.admit():
+            await self.accept()
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        self.joined = await off_loop(self.groups_to_join)
+        runtime().inbox.on_layer_reset(self._rejoin)
+        for group in self.joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+        await self.send(text_data=await off_loop(self.state))
+
+    async def admit(self) -> bool:
+        """Look up what the socket is for; False refuses it (404)."""
+        return True
+
+    def groups_to_join(self) -> list[str]:
+        return _member_groups(self.user)
+
+    def state(self) -> str:
+        """Everything the tab needs to be current (runs off the loop)."""
+        if self.with_cards:
+            return inbox_state(self.user)
+        return count_badge(inbox_count(self.user))
+
+    async def disconnect(self, code: int) -> None:
+        if self.joined:
+            runtime().inbox.off_layer_reset(self._rejoin)
+            for group in self.joined:
+                await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def _rejoin(self) -> None:
+        """Redis restarted and forgot our groups: join again and catch the tab up."""
+        for group in self.joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.send(text_data=await off_loop(self.state))
+
+    async def _session_ended(self, *, ended: str = "") -> bool:
+        """Close the socket, saying why, when its session no longer logs the member in."""
+        session = self.scope.get("session")
+        key = session.session_key if session is not None else None
+        if not (ended and ended == session_digest(key)) and await off_loop(
+            _session_alive, key, self.user.pk
+        ):
+            return False
+        await self.notice(SESSION_ENDED)
+        await self.close(code=CLOSE_LOGGED_OUT)
+        return True
+
+    async def notice(self, text: str, *, level: str = "error") -> None:
+        """Pages without a notice area have nothing to show; the close code says it."""
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        await self._session_ended()  # a member socket takes no actions
+
+    # -- group events -----------------------------------------------------------------
+
+    async def session_check(self, event: dict) -> None:
+        """The member logged out or their account changed somewhere: re-check now."""
+        await self._session_ended(ended=event.get("ended", ""))
+
+    async def inbox_changed(self, event: dict) -> None:
+        html = await off_loop(
+            inbox_change,
+            self.user,
+            approval_id=str(event.get("approval_id", "")),
+            pending=bool(event.get("pending")),
+            with_cards=self.with_cards,
+        )
+        await self.send(text_data=html)
+
+
+class InboxConsumer(MemberSocket):
+    """The approvals inbox page: its cards come and go live."""
+
+    with_cards = True

@@ -1,0 +1,78 @@
+"""The team's approvals inbox: what waits for whom, and the live updates of it.
+
+An approval waits for its conversation's member and, when a Review rule
+matched, for every reviewer but its requester. Sockets get only ids
+(``inbox.changed``) and render the change for their own member here.
+"""
+
+from __future__ import annotations
+
+from django.db.models import Q
+from django.template.loader import render_to_string
+
+from approvals.models import InboxPreference, ToolApproval, can_review
+
+
+def inbox_queryset(user):
+    """Every pending approval ``user`` may decide (or, as the member, deny), newest first."""
+    if user is None or not user.is_authenticated:
+        return ToolApproval.objects.none()
+    mine = Q(conversation__owner=user)
+    if can_review(user):
+        mine |= Q(needs_review=True) & ~Q(requested_by=user)
+    return (
+        ToolApproval.objects.pending()
+        .filter(mine)
+        .select_related("conversation", "requested_by")
+        .order_by("-requested_at")
+    )
+
+
+def inbox_count(user) -> int:
+    return inbox_queryset(user).count()
+
+
+def wants_notifications(user) -> bool:
+    return InboxPreference.objects.filter(user=user, notify=True).exists()
+
+
+def notifications_set(user, *, on: bool) -> None:
+    InboxPreference.objects.update_or_create(user=user, defaults={"notify": on})
+
+
+def entry_context(approval: ToolApproval, user) -> dict:
+    return {"approval": approval, "viewer": user}
+
+
+def count_badge(count: int, *, oob: bool = True) -> str:
+    return render_to_string("approvals/_inbox_count.html", {"inbox_count": count, "oob": oob})
+
+
+def inbox_state(user) -> str:
+    """What a socket sends on every connect: the count, and (inbox page) every entry."""
+    entries = [entry_context(a, user) for a in inbox_queryset(user)]
+    return count_badge(len(entries)) + render_to_string(
+        "approvals/_inbox_list.html", {"entries": entries, "oob": True}
+    )
+
+
+def inbox_change(user, *, approval_id: str, pending: bool, with_cards: bool) -> str:
+    """The fragments one socket sends when an approval came or went anywhere.
+
+    Always the header count; on the inbox page the entry added or removed;
+    for a new card the member may act on, a notification (if they opted in).
+    """
+    html = count_badge(inbox_count(user))
+    if not pending:
+        if with_cards:
+            html += f'<div id="inbox-entry-{approval_id}" hx-swap-oob="delete"></div>'
+        return html
+    approval = inbox_queryset(user).filter(approval_id=approval_id).first()
+    if approval is None:
+        return html  # decided already, or not this member's to see
+    context = entry_context(approval, user)
+    if with_cards:
+        html += render_to_string("approvals/_inbox_added.html", context)
+    if wants_notifications(user):
+        html += render_to_string("approvals/_inbox_notify.html", context)
+    return html

@@ -1,0 +1,149 @@
+"""STUDIO_APPROVAL_WEBHOOK_URL: one POST for each call that has waited too long.
+
+Every process looks for due rows (pending, requested at least
+``STUDIO_APPROVAL_WEBHOOK_AFTER`` seconds ago, never claimed) each poll. A
+conditional UPDATE claims a row for exactly one process, across processes;
+that process POSTs on its own small pool (never a run's thread, never the
+event loop), retries with backoff, and records how it went on the row. A
+call decided before the delay is never announced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import httpx
+from django.conf import settings
+from django.urls import reverse
+from django.utils import timezone
+
+from approvals.models import ToolApproval
+from studio.runtime import DaemonPool, release_connection
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_CHARS = 300
+CLAIM_BATCH = 100
+
+_pool: DaemonPool | None = None
+
+
+def _webhook_pool() -> DaemonPool:
+    global _pool
+    if _pool is None:
+        _pool = DaemonPool(2, "studio-webhook")
+    return _pool
+
+
+def webhook_claim_due() -> list[ToolApproval]:
+    """Claim the rows due for their POST; each row is claimed by one caller only."""
+    if not settings.STUDIO_APPROVAL_WEBHOOK_URL:
+        return []
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=settings.STUDIO_APPROVAL_WEBHOOK_AFTER)
+    due = (
+        ToolApproval.objects.pending()
+        .filter(requested_at__lte=cutoff, webhook_at__isnull=True)
+        .values_list("pk", flat=True)[:CLAIM_BATCH]
+    )
+    claimed = [
+        pk
+        for pk in list(due)
+        if ToolApproval.objects.pending()
+        .filter(pk=pk, webhook_at__isnull=True)
+        .update(webhook_at=now)
+    ]
+    if not claimed:
+        return []
+    return list(
+        ToolApproval.objects.filter(pk__in=claimed).select_related("conversation", "requested_by")
+    )
+
+
+def webhook_payload(approval: ToolApproval) -> dict:
+    """What the POST says: the fields, and a ``text`` chat tools show as it is."""
+    summary = approval.subject or ""
+    if len(summary) > SUMMARY_CHARS:
+        summary = summary[: SUMMARY_CHARS - 1] + "…"
+    path = reverse("chat:conversation", args=[approval.conversation_id])
+    link = f"{settings.STUDIO_SITE_URL}{path}#approval-{approval.approval_id}"
+    who = approval.requested_by.get_username() if approval.requested_by else "someone"
+    title = approval.conversation.title
+    since = approval.requested_at
+    waits_for = "a reviewer" if approval.needs_review else "a decision"
+    return {
+        "approval_id": approval.approval_id,
+        "tool": approval.tool_name,
+        "arguments_summary": summary,
+        "conversation": title,
+        "link": link,
+        "requested_by": who,
+        "waiting_since": since.isoformat(),
+        "needs_review": approval.needs_review,
+        "text": (
+            f"{who}'s {approval.tool_name} call in “{title}” has waited for {waits_for} "
+            f"since {since:%H:%M} UTC: {summary} — {link}"
+        ),
+    }
+
+
+def webhook_post(approval: ToolApproval, *, sleep: Callable[[float], None] = time.sleep) -> str:
+    """POST the payload, retrying with backoff; record and return how it went."""
+    url = settings.STUDIO_APPROVAL_WEBHOOK_URL
+    attempts = settings.STUDIO_APPROVAL_WEBHOOK_ATTEMPTS
+    delay = settings.STUDIO_APPROVAL_WEBHOOK_BACKOFF
+    payload = webhook_payload(approval)
+    problem = ""
+    result = ""
+    with httpx.Client(timeout=10, trust_env=False, follow_redirects=False) as client:
+        for attempt in range(1, attempts + 1):
+            try:
+                response = client.post(url, json=payload)
+                if 200 <= response.status_code < 300:
+                    result = f"sent (attempt {attempt})"
+                    break
+                problem = f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                problem = f"{type(exc).__name__}: {exc}"[:120]
+            if attempt < attempts:
+                sleep(delay)
+                delay *= 3
+    if not result:
+        result = f"failed after {attempts} attempt(s): {problem}"
+        logger.warning("approval webhook for %s %s", approval.approval_id, result)
+    ToolApproval.objects.filter(pk=approval.pk).update(webhook_result=result[:200])
+    return result
+
+
+def _post_and_release(approval: ToolApproval) -> None:
+    try:
+        webhook_post(approval)
+    except Exception:
+        logger.exception("approval webhook for %s failed", approval.approval_id)
+    finally:
+        release_connection()
+
+
+def webhook_tick() -> int:
+    """Claim what is due and hand each POST to the webhook pool; returns how many."""
+    claimed = webhook_claim_due()
+    pool = _webhook_pool()
+    for approval in claimed:
+        pool.submit(_post_and_release, approval)
+    return len(claimed)
+
+
+async def webhook_loop(rt) -> None:
+    """A runtime service: look for due rows every poll (when a URL is set)."""
+    while True:
+        await asyncio.sleep(settings.STUDIO_APPROVAL_POLL_SECONDS)
+        if not settings.STUDIO_APPROVAL_WEBHOOK_URL:
+            continue
+        try:
+            await rt.off_loop(webhook_tick)
+        except Exception:
+            logger.warning("approval webhook: looking for due rows failed", exc_info=True)
