@@ -5,13 +5,19 @@ import json
 
 from django import forms
 from django.contrib import admin
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path
 from django.utils import timezone
 from django.utils.html import format_html
 
+from approvals.dashboard import OUTCOMES, PERIODS, charts, dashboard_data
+from approvals.export import jsonl_line
 from approvals.models import ToolApproval, ToolRule
 from approvals.services import policy_rules
 from approvals.templatetags.approvals_tags import edit_diff
+from studio.text import canonical_json
 
 CSV_FIELDS = [
     "approval_id",
@@ -35,6 +41,12 @@ CSV_FIELDS = [
     "rule",
     "needs_review",
     "reviewed_by",
+    "decision_seconds",
+    "run_seconds",
+    "output_size",
+    "output_sha256",
+    "decided_ip",
+    "decided_user_agent",
 ]
 
 
@@ -73,6 +85,12 @@ def export_csv(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
             rule_text(a.rule_snapshot),
             "yes" if a.needs_review else "",
             a.reviewed_by.get_username() if a.reviewed_by else "",
+            "" if a.decision_seconds is None else f"{a.decision_seconds:.3f}",
+            "" if a.run_seconds is None else f"{a.run_seconds:.3f}",
+            "" if a.output_size is None else a.output_size,
+            a.output_sha256,
+            a.decided_ip or "",
+            a.decided_user_agent,
         ]
         writer.writerow([csv_safe(str(cell)) for cell in cells])
     return response
@@ -94,19 +112,40 @@ def csv_safe(value: str) -> str:
     return value
 
 
+@admin.action(description="Export selected approvals as JSON lines (every field)")
+def export_jsonl(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
+    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+    rows = queryset.order_by("requested_at").iterator(chunk_size=2000)
+    response = StreamingHttpResponse(
+        (jsonl_line(a) for a in rows), content_type="application/x-ndjson; charset=utf-8"
+    )
+    response["Content-Disposition"] = f'attachment; filename="tool-approvals-{stamp}.jsonl"'
+    return response
+
+
+def short(text: str, limit: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def pretty_json(value) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
 @admin.register(ToolApproval)
 class ToolApprovalAdmin(admin.ModelAdmin):
+    """Read-only audit rows: a list that fits a laptop, a detail page with the context."""
+
+    change_list_template = "admin/approvals/toolapproval/change_list.html"
     list_display = [
-        "requested_at",
-        "conversation",
-        "requested_by",
+        "when",
+        "status_badge",
         "tool_name",
-        "status",
-        "reason",
-        "decided_by",
-        "reviewer",
-        "decided_at",
-        "wait_time",
+        "summary",
+        "requested_by",
+        "decider",
+        "reason_short",
+        "chat",
     ]
     list_filter = ["status", "reason", "needs_review", "tool_name", "requested_at"]
     search_fields = [
@@ -119,9 +158,83 @@ class ToolApprovalAdmin(admin.ModelAdmin):
     ]
     date_hierarchy = "requested_at"
     list_select_related = ["conversation", "requested_by", "decided_by"]
-    actions = [export_csv]
-    readonly_fields = ["why", "reviewer", "edits", *(f.name for f in ToolApproval._meta.fields)]
+    actions = [export_csv, export_jsonl]
     show_full_result_count = False
+    fieldsets = [
+        ("The call", {"fields": ["tool_name", "arguments_pretty", "approved_pretty", "edits",
+                                 "tool_hints", "subject"]}),
+        ("The decision", {"fields": ["status", "reason", "why", "requested_by", "requested_at",
+                                     "decided_by", "reviewer", "decided_at", "decision_seconds",
+                                     "decided_ip", "decided_user_agent", "note", "rule"]}),
+        ("What it gave back", {"fields": ["run_seconds", "output_size", "output_sha256",
+                                          "output"]}),
+        ("In its conversation", {"fields": ["conversation", "context", "run_id",
+                                            "tool_call_id"]}),
+        ("Record", {"classes": ["collapse"], "fields": [
+            "approval_id", "arguments_sha256", "approved_sha256", "needs_review",
+            "rule_snapshot", "tool_schema", "waiter_inbox", "webhook_at", "webhook_result"]}),
+    ]  # fmt: skip
+    readonly_fields = [
+        "arguments_pretty",
+        "approved_pretty",
+        "edits",
+        "why",
+        "reviewer",
+        "output",
+        "context",
+        *(f.name for f in ToolApproval._meta.fields),
+    ]
+
+    class Media:
+        css = {"all": ["studio/admin.css"]}
+
+    # -- the list ------------------------------------------------------------------------
+
+    @admin.display(description="requested", ordering="requested_at")
+    def when(self, obj: ToolApproval) -> str:
+        return timezone.localtime(obj.requested_at).strftime("%b %d, %H:%M")
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: ToolApproval) -> str:
+        return format_html(
+            '<span class="audit-status audit-{}">{}</span>', obj.status, obj.get_status_display()
+        )
+
+    @admin.display(description="arguments")
+    def summary(self, obj: ToolApproval) -> str:
+        text = obj.subject or canonical_json(obj.arguments)
+        return format_html('<span title="{}">{}</span>', text[:1000], short(text, 44))
+
+    @admin.display(description="decided by", ordering="decided_by__username")
+    def decider(self, obj: ToolApproval) -> str:
+        if obj.decided_by is None:
+            return "—"
+        if obj.needs_review:  # four eyes: the one who decided was a reviewer
+            return format_html("{} <small>(reviewer)</small>", obj.decided_by.get_username())
+        return obj.decided_by.get_username()
+
+    @admin.display(description="reason", ordering="reason")
+    def reason_short(self, obj: ToolApproval) -> str:
+        if not obj.reason:
+            return "—"
+        return format_html('<span title="{}">{}</span>', obj.get_reason_display(), obj.reason)
+
+    @admin.display(description="conversation", ordering="conversation__title")
+    def chat(self, obj: ToolApproval) -> str:
+        title = obj.conversation.title
+        return format_html('<span title="{}">{}</span>', title, short(title, 22))
+
+    # -- the detail page -----------------------------------------------------------------
+
+    @admin.display(description="arguments")
+    def arguments_pretty(self, obj: ToolApproval) -> str:
+        return format_html('<pre class="audit-pre">{}</pre>', pretty_json(obj.arguments))
+
+    @admin.display(description="approved arguments")
+    def approved_pretty(self, obj: ToolApproval) -> str:
+        if not obj.was_edited:
+            return "— (ran as the model asked)" if obj.is_allowed else "—"
+        return format_html('<pre class="audit-pre">{}</pre>', pretty_json(obj.approved_arguments))
 
     @admin.display(description="reviewed by")
     def reviewer(self, obj: ToolApproval) -> str:
@@ -142,16 +255,62 @@ class ToolApprovalAdmin(admin.ModelAdmin):
         lines = "\n".join(line["text"] for line in edit_diff(obj))
         return format_html('<pre class="edit-diff">{}</pre>', lines)
 
-    @admin.display(description="wait")
-    def wait_time(self, obj: ToolApproval) -> str:
-        seconds = obj.wait_seconds
-        if seconds is None:
-            return "—"
-        if seconds < 60:
-            return f"{seconds:.1f} s"
-        if seconds < 3600:
-            return f"{seconds / 60:.1f} min"
-        return f"{seconds / 3600:.1f} h"
+    @admin.display(description="output (first 64 KB)")
+    def output(self, obj: ToolApproval) -> str:
+        if obj.output_size is None:
+            return "— (did not run)"
+        cut = " …" if obj.output_size > len(obj.output_summary.encode()) else ""
+        return format_html('<pre class="audit-pre">{}{}</pre>', obj.output_summary, cut)
+
+    @admin.display(description="context")
+    def context(self, obj: ToolApproval) -> str:
+        """The assistant message that asked for the call (through the conversation's
+        messages; approvals knows nothing of chat's models)."""
+        asked = None
+        turns = obj.conversation.messages.filter(role="assistant", run_id=obj.run_id or None)
+        for message in turns.order_by("-created_at")[:50]:
+            if any(c.get("id") == obj.tool_call_id for c in message.tool_calls or []):
+                asked = message
+                break
+        if asked is None:
+            return "— (the message is gone)"
+        return format_html(
+            '<div class="audit-context"><p class="help">The assistant, {}:</p>'
+            '<pre class="audit-pre">{}</pre></div>',
+            timezone.localtime(asked.created_at).strftime("%b %d, %H:%M:%S"),
+            short(asked.content, 4000) or "(no text, only tool calls)",
+        )
+
+    # -- the dashboard -------------------------------------------------------------------
+
+    def get_urls(self):
+        dashboard = path(
+            "dashboard/",
+            self.admin_site.admin_view(self.dashboard_view),
+            name="approvals_toolapproval_dashboard",
+        )
+        return [dashboard, *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            days = int(request.GET.get("days", 30))
+        except ValueError:
+            days = 30
+        if days not in PERIODS:
+            days = 30
+        board = dashboard_data(days)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Approvals dashboard",
+            "opts": self.model._meta,
+            "board": board,
+            "charts": charts(board),
+            "periods": PERIODS,
+            "outcomes": OUTCOMES,
+        }
+        return TemplateResponse(request, "admin/approvals/dashboard.html", context)
 
     # Audit rows are written by the gate only.
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -24,6 +24,8 @@ def arguments_hash(arguments: object) -> str:
 
 
 REVIEW_PERMISSION = "approvals.review_toolapproval"
+# What a row keeps of a tool's output (the size and hash cover all of it).
+OUTPUT_SUMMARY_BYTES = 64 * 1024
 
 
 def can_review(user) -> bool:
@@ -139,6 +141,16 @@ class ToolApproval(models.Model):
     # row (a conditional update: one claim across processes), and how it went.
     webhook_at = models.DateTimeField(null=True, blank=True)
     webhook_result = models.CharField(max_length=200, blank=True)
+    # The audit's depth: how long the decision and the run took, what the
+    # tool gave back (its first OUTPUT_SUMMARY_BYTES, its whole size and
+    # hash), and where the decision came from.
+    decision_seconds = models.FloatField(null=True, blank=True)
+    run_seconds = models.FloatField(null=True, blank=True)
+    output_summary = models.TextField(blank=True)
+    output_size = models.BigIntegerField(null=True, blank=True)
+    output_sha256 = models.CharField(max_length=64, blank=True)
+    decided_ip = models.GenericIPAddressField(null=True, blank=True)
+    decided_user_agent = models.CharField(max_length=300, blank=True)
 
     objects = ApprovalQuerySet.as_manager()
 

@@ -22,6 +22,7 @@ an argument, and tests empty it between cases.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -35,7 +36,13 @@ from django.utils import timezone
 from jsonschema import Draft202012Validator
 
 from approvals.gate import Slot
-from approvals.models import ToolApproval, ToolRule, arguments_hash, can_review
+from approvals.models import (
+    OUTPUT_SUMMARY_BYTES,
+    ToolApproval,
+    ToolRule,
+    arguments_hash,
+    can_review,
+)
 from approvals.notify import REVIEWERS_GROUP, member_group
 from approvals.patterns import glob_escape
 from studio.cancel import CancelToken
@@ -77,6 +84,14 @@ class InvalidDecision(ValueError):
 
 class DecisionForbidden(Exception):
     """The member may see the approval but not make this decision (a 403; says why)."""
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """Where a decision came from (the audit keeps it): address and user agent."""
+
+    ip: str = ""
+    user_agent: str = ""
 
 
 @dataclass(frozen=True)
@@ -293,6 +308,7 @@ def approval_record_auto(
         reason=verdict.reason,
         requested_at=now,
         decided_at=now,
+        decision_seconds=0.0,
         **_rule_fields(verdict),
     )
 
@@ -316,6 +332,7 @@ def approval_decide(
     arguments: object = None,
     pattern: str = "",
     scope: str = "",
+    client: ClientInfo | None = None,
 ) -> DecideResult:
     """Record ``user``'s decision if the row is still pending; first decision wins.
 
@@ -346,6 +363,7 @@ def approval_decide(
         scope = scope or Scope.CONVERSATION
         _check_always(approval, pattern, scope)
     now = timezone.now()
+    changes.update(_audit_fields(approval, now, client))
     with transaction.atomic():
         updated = ToolApproval.objects.filter(pk=approval.pk, status=Status.PENDING).update(
             status=status, reason=reason, decided_by=user, decided_at=now, note=note, **changes
@@ -374,6 +392,26 @@ def approval_decide(
     html = card_render(approval)
     transaction.on_commit(lambda: _card_broadcast(approval, html))
     return DecideResult(resolved=True, approval=approval, card_html=html)
+
+
+def _audit_fields(approval: ToolApproval, now: datetime, client: ClientInfo | None) -> dict:
+    fields: dict = {"decision_seconds": max(0.0, (now - approval.requested_at).total_seconds())}
+    if client is not None:
+        fields["decided_ip"] = client.ip or None
+        fields["decided_user_agent"] = strip_nul(client.user_agent)[:300]
+    return fields
+
+
+def approval_record_output(*, approval: ToolApproval, text: str, seconds: float) -> None:
+    """Keep what the tool gave back: its first OUTPUT_SUMMARY_BYTES, size and SHA-256."""
+    data = text.encode("utf-8", "replace")
+    summary = data[:OUTPUT_SUMMARY_BYTES].decode("utf-8", "ignore")
+    ToolApproval.objects.filter(pk=approval.pk).update(
+        run_seconds=seconds,
+        output_summary=strip_nul(summary),
+        output_size=len(data),
+        output_sha256=hashlib.sha256(data).hexdigest(),
+    )
 
 
 def _check_rights(approval: ToolApproval, user, decision: str) -> None:
@@ -418,7 +456,14 @@ def _check_always(approval: ToolApproval, pattern: str, scope: str) -> None:
         raise InvalidDecision("the pattern does not match this call")
 
 
-def approvals_decide(*, approval_ids: list[str], user, decision: str, note: str = "") -> list[dict]:
+def approvals_decide(
+    *,
+    approval_ids: list[str],
+    user,
+    decision: str,
+    note: str = "",
+    client: ClientInfo | None = None,
+) -> list[dict]:
     """One decision for several approvals (Allow all / Deny all); first decision wins per row.
 
     Returns, per id, what it got: ``resolved``, ``status`` and ``reason``, or
@@ -433,7 +478,7 @@ def approvals_decide(*, approval_ids: list[str], user, decision: str, note: str 
     for approval_id in ids:
         try:
             result = approval_decide(
-                approval_id=approval_id, user=user, decision=decision, note=note
+                approval_id=approval_id, user=user, decision=decision, note=note, client=client
             )
         except ApprovalNotFound:
             answers.append({"approval_id": approval_id, "error": "not found"})

@@ -11,12 +11,13 @@ from approvals.inbox import entry_context, inbox_queryset, notifications_set, wa
 from approvals.models import ToolApproval, can_review
 from approvals.services import (
     ApprovalNotFound,
+    ClientInfo,
     DecisionForbidden,
     InvalidDecision,
     approval_decide,
     approvals_decide,
 )
-from studio.http import HtmxHttpRequest, wants_json
+from studio.http import HtmxHttpRequest, client_ip, wants_json
 
 SINGLE = ("decision", "note", "arguments", "pattern", "scope")
 
@@ -62,6 +63,7 @@ def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
             arguments=_edited_arguments(request),
             pattern=request.POST.get("pattern", ""),
             scope=request.POST.get("scope", ""),
+            client=_client(request),
         )
     except ApprovalNotFound:
         raise Http404("No such approval.") from None
@@ -96,6 +98,7 @@ def decide_batch(request: HtmxHttpRequest) -> HttpResponse:
             user=request.user,
             decision=request.POST.get("decision", ""),
             note=request.POST.get("note", ""),
+            client=_client(request),
         )
     except InvalidDecision as exc:
         return _bad_request(request, str(exc))
@@ -107,6 +110,11 @@ def decide_batch(request: HtmxHttpRequest) -> HttpResponse:
         raise Http404("No such approval.")
     first = ToolApproval.objects.get(approval_id=found[0]["approval_id"])
     return _back(request, first)
+
+
+def _client(request: HtmxHttpRequest) -> ClientInfo:
+    """The decision's origin for the audit (the proxy's word only when STUDIO_HTTPS trusts it)."""
+    return ClientInfo(ip=client_ip(request), user_agent=request.META.get("HTTP_USER_AGENT", ""))
 
 
 def _back(request: HtmxHttpRequest, approval: ToolApproval) -> HttpResponse:

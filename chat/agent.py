@@ -32,6 +32,7 @@ from approvals.services import (
     approval_cancel_run,
     approval_check,
     approval_record_auto,
+    approval_record_output,
     approval_request,
     approval_verdict,
     approvals_end,
@@ -366,11 +367,15 @@ class Agent:
         if approval.was_edited:
             self._record_edit(call, arguments)
         yield events.Status(f"Running {call.name}…")
+        started = time.monotonic()
         result = self.toolbox.tools[call.name].execute(
             arguments,
             cancel=cancel,
             timeout=self.knobs.tool_timeout,
             workspace=self.workspace,
+        )
+        approval_record_output(
+            approval=approval, text=result.text, seconds=time.monotonic() - started
         )
         if result.ok:
             self.succeeded.add((call.name, arguments_hash(arguments)))

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.export import archive_write
 from approvals.models import ToolApproval
 from approvals.services import approvals_expire_stale
 from approvals.signals import purge_requested
@@ -40,6 +43,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="Print what would be done; change nothing."
         )
+        parser.add_argument(
+            "--archive",
+            metavar="FILE",
+            default=None,
+            help="Append the rows about to be deleted to FILE as JSON lines first (every "
+            "field). If FILE cannot be written, nothing is deleted.",
+        )
 
     def handle(
         self,
@@ -47,6 +57,7 @@ class Command(BaseCommand):
         older_than: float,
         expire_pending_older_than: float | None,
         dry_run: bool,
+        archive: str | None = None,
         **options,
     ) -> None:
         verbosity = options["verbosity"]
@@ -62,6 +73,16 @@ class Command(BaseCommand):
             else expire_pending_older_than
         )
         old = ToolApproval.objects.decided_before(before=now - timedelta(days=older_than))
+        doomed: list[int] | None = None
+        if archive and not dry_run:
+            # The archive first: if it cannot be written, nothing is deleted.
+            doomed = list(old.order_by("pk").values_list("pk", flat=True))
+            try:
+                archived = archive_write(Path(archive), _rows(doomed))
+            except OSError as exc:
+                raise CommandError(f"Could not write the archive {archive}: {exc}") from None
+            if verbosity >= 1:
+                self.stdout.write(f"Archived {archived} decided approval(s) to {archive}.")
         report: list[str] = []
         with transaction.atomic():
             # Other apps' part first (chat: runs of dead processes).
@@ -71,7 +92,12 @@ class Command(BaseCommand):
             expired = approvals_expire_stale(
                 before=now - timedelta(seconds=pending_age), dry_run=dry_run
             )
-            deleted = old.count() if dry_run else old.delete()[0]
+            if dry_run:
+                deleted = old.count()
+            elif doomed is not None:
+                deleted = _delete(doomed)  # exactly the archived rows
+            else:
+                deleted = old.delete()[0]
         if verbosity >= 1:
             for line in report:
                 self.stdout.write(self.style.NOTICE(line))
@@ -86,3 +112,18 @@ class Command(BaseCommand):
                     f"older than {older_than:g} day(s)."
                 )
             )
+
+
+CHUNK = 1000
+
+
+def _rows(ids: list[int]) -> Iterator[ToolApproval]:
+    for start in range(0, len(ids), CHUNK):
+        yield from ToolApproval.objects.filter(pk__in=ids[start : start + CHUNK]).order_by("pk")
+
+
+def _delete(ids: list[int]) -> int:
+    deleted = 0
+    for start in range(0, len(ids), CHUNK):
+        deleted += ToolApproval.objects.filter(pk__in=ids[start : start + CHUNK]).delete()[0]
+    return deleted

@@ -1,0 +1,305 @@
+"""The approvals dashboard: what happened over a period, aggregated in the database.
+
+Each ``*_data`` function is a bounded number of aggregate queries (none
+loops over rows), so the page costs the same with a thousand rows or a
+million; ``charts`` draws them as static SVG with pygal.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import date, datetime, time, timedelta
+
+import pygal
+from django.db import connection
+from django.db.models import Aggregate, Count, DateField, F, FloatField, Func, Min, Q, Window
+from django.db.models.functions import Ceil, RowNumber, TruncDate
+from django.utils import timezone
+from pygal.style import Style
+
+from approvals.models import ToolApproval, ToolRule
+
+Status = ToolApproval.Status
+Reason = ToolApproval.Reason
+
+PERIODS = (7, 30, 90)
+TOP = 10  # rows in the "most" charts
+MAX_TOOLS = 12  # tools in the per-tool charts (the busiest)
+
+PERSON = (Reason.USER, Reason.EDITED, Reason.ALWAYS_ALLOW)
+AUTOMATIC = (Reason.RULE, Reason.POLICY, Reason.CONFIRM_OFF)
+ENDED = (Reason.TIMEOUT, Reason.CANCELLED, Reason.EXPIRED)
+
+# Outcome of a decided call -> (label, condition)
+OUTCOMES = {
+    "by_person": ("Allowed by a person", Q(status=Status.ALLOWED, reason__in=PERSON)),
+    "automatic": ("Allowed by a rule or setting", Q(status=Status.ALLOWED, reason__in=AUTOMATIC)),
+    "denied": (
+        "Denied (person or rule)",
+        Q(status=Status.DENIED, reason__in=(Reason.USER, Reason.RULE)),
+    ),
+    "ended": ("Timed out, cancelled or expired", Q(reason__in=ENDED)),
+}
+
+
+class PercentileDisc(Aggregate):
+    """PostgreSQL's nearest-rank percentile (what the portable fallback computes too)."""
+
+    function = "percentile_disc"
+    template = "%(function)s(%(percentile)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, expression, percentile: float, **extra):
+        super().__init__(expression, percentile=float(percentile), **extra)
+
+
+@dataclass
+class Dashboard:
+    days: int
+    since: date
+    per_day: list[dict] = field(default_factory=list)
+    decision_times: list[dict] = field(default_factory=list)
+    asked_share: list[dict] = field(default_factory=list)
+    most_denied: list[dict] = field(default_factory=list)
+    rule_hits: list[dict] = field(default_factory=list)
+    pending: list[dict] = field(default_factory=list)
+
+    @property
+    def pending_total(self) -> int:
+        return sum(row["count"] for row in self.pending)
+
+
+def dashboard_data(days: int, *, today: date | None = None) -> Dashboard:
+    today = today or timezone.now().date()
+    since = today - timedelta(days=days - 1)
+    # A range on the indexed column (not a per-row date cast).
+    start = timezone.make_aware(datetime.combine(since, time.min))
+    rows = ToolApproval.objects.filter(requested_at__gte=start)
+    board = Dashboard(days=days, since=since)
+    board.per_day = _per_day(rows, since, today)
+    board.decision_times = _decision_times(rows)
+    board.asked_share = _asked_share(rows)
+    board.most_denied = _most_denied(rows)
+    board.rule_hits = _rule_hits(rows)
+    board.pending = _pending()
+    return board
+
+
+def _per_day(rows, since: date, today: date) -> list[dict]:
+    counts = {
+        row["day"]: row
+        for row in rows.annotate(day=_day("requested_at"))
+        .values("day")
+        .annotate(**{key: Count("pk", filter=q) for key, (_, q) in OUTCOMES.items()})
+        .order_by("day")
+    }
+    days = []
+    for offset in range((today - since).days + 1):
+        day = since + timedelta(days=offset)
+        found = counts.get(day, {})
+        days.append({"day": day, **{key: found.get(key, 0) for key in OUTCOMES}})
+    return days
+
+
+def _day(column: str):
+    """The local calendar day of a timestamp, computed in the database.
+
+    SQLite's TruncDate calls back into Python for every row; while the site
+    runs in UTC its own ``date()`` gives the same day at C speed.
+    """
+    if connection.vendor == "sqlite" and timezone.get_current_timezone_name() == "UTC":
+        return Func(F(column), function="date", output_field=DateField())
+    return TruncDate(column)
+
+
+def _decision_times(rows) -> list[dict]:
+    """Median and 90th percentile of the seconds a person took, per tool (nearest rank)."""
+    decided = rows.filter(decided_by__isnull=False, decision_seconds__isnull=False)
+    if connection.vendor == "postgresql":
+        found = (
+            decided.values("tool_name")
+            .annotate(
+                count=Count("pk"),
+                median=PercentileDisc("decision_seconds", 0.5),
+                p90=PercentileDisc("decision_seconds", 0.9),
+            )
+            .order_by("-count", "tool_name")[:MAX_TOOLS]
+        )
+        return [dict(row) for row in found]
+    # Elsewhere (SQLite): rank each tool's times in one window query and keep
+    # only the two nearest-rank rows per tool.
+    tools = dict(
+        decided.values("tool_name")
+        .annotate(count=Count("pk"))
+        .order_by("-count", "tool_name")
+        .values_list("tool_name", "count")[:MAX_TOOLS]
+    )
+    by_tool = Window(Count("pk"), partition_by=[F("tool_name")])
+    ranked = decided.filter(tool_name__in=tools).annotate(
+        rank=Window(
+            RowNumber(), partition_by=[F("tool_name")], order_by=F("decision_seconds").asc()
+        ),
+        median_rank=Ceil(by_tool * 0.5),
+        p90_rank=Ceil(by_tool * 0.9),
+    )
+    picked = ranked.filter(Q(rank=F("median_rank")) | Q(rank=F("p90_rank"))).values(
+        "tool_name", "decision_seconds", "rank", "median_rank", "p90_rank"
+    )
+    result = {name: {"tool_name": name, "count": count} for name, count in tools.items()}
+    for row in picked:
+        found = result[row["tool_name"]]
+        if row["rank"] == row["median_rank"]:
+            found["median"] = row["decision_seconds"]
+        if row["rank"] == row["p90_rank"]:
+            found["p90"] = row["decision_seconds"]
+    return list(result.values())
+
+
+def _asked_share(rows) -> list[dict]:
+    found = (
+        rows.values("tool_name")
+        .annotate(total=Count("pk"), automatic=Count("pk", filter=Q(reason__in=AUTOMATIC)))
+        .order_by("-total", "tool_name")[:MAX_TOOLS]
+    )
+    share = []
+    for row in found:
+        asked = row["total"] - row["automatic"]
+        share.append({**row, "asked": asked, "asked_percent": round(100 * asked / row["total"], 1)})
+    return share
+
+
+def _most_denied(rows) -> list[dict]:
+    denied = rows.filter(OUTCOMES["denied"][1])
+    found = (
+        denied.values("tool_name", "subject")
+        .annotate(count=Count("pk"))
+        .order_by("-count", "tool_name", "subject")[:TOP]
+    )
+    return [dict(row) for row in found]
+
+
+def _rule_hits(rows) -> list[dict]:
+    rules = list(ToolRule.objects.filter(hits__gt=0).order_by("-hits", "pk")[:TOP])
+    if not rules:
+        return []
+    in_period = dict(
+        rows.filter(rule__in=rules).values("rule").annotate(n=Count("pk")).values_list("rule", "n")
+    )
+    return [
+        {"rule": rule, "hits": rule.hits, "in_period": in_period.get(rule.pk, 0)} for rule in rules
+    ]
+
+
+def _pending() -> list[dict]:
+    found = (
+        ToolApproval.objects.pending()
+        .values("tool_name")
+        .annotate(
+            count=Count("pk"),
+            for_review=Count("pk", filter=Q(needs_review=True)),
+            oldest=Min("requested_at"),
+        )
+        .order_by("-count", "tool_name")
+    )
+    return [dict(row) for row in found]
+
+
+# --- charts ---------------------------------------------------------------------------
+
+STYLE = Style(
+    background="transparent",
+    plot_background="transparent",
+    foreground="#333",
+    foreground_strong="#222",
+    foreground_subtle="#ddd",
+    colors=("#2b8a3e", "#74b816", "#c92a2a", "#868e96", "#3b5bdb", "#e67700"),
+    font_family="system-ui, sans-serif",
+    label_font_size=11,
+    major_label_font_size=11,
+    legend_font_size=12,
+    title_font_size=14,
+)
+_SCRIPT = re.compile(r"<script\b.*?</script>", re.S)
+
+
+def _chart(kind, **options) -> pygal.Graph:
+    return kind(
+        style=STYLE,
+        js=[],  # no scripts (and never a CDN): the SVG is a picture
+        disable_xml_declaration=True,
+        width=760,
+        height=300,
+        legend_at_bottom=True,
+        legend_at_bottom_columns=2,
+        truncate_legend=-1,
+        truncate_label=50,
+        print_values=False,
+        **options,
+    )
+
+
+def _svg(chart: pygal.Graph) -> str:
+    return _SCRIPT.sub("", chart.render(is_unicode=True))
+
+
+def charts(board: Dashboard) -> dict[str, str]:
+    """The dashboard's pictures as inline SVG (the page shows the numbers as tables too)."""
+    keys = ("per_day", "decision_times", "asked_share", "most_denied", "rule_hits", "pending")
+    svgs: dict[str, str] = dict.fromkeys(keys, "")
+    per_day = _chart(
+        pygal.StackedBar,
+        title=f"Approvals per day, by outcome (last {board.days} days)",
+        x_label_rotation=-45 if board.days > 7 else 0,
+        show_minor_x_labels=False,
+    )
+    labels = [row["day"].strftime("%b %d") for row in board.per_day]
+    per_day.x_labels = labels
+    per_day.x_labels_major = labels[:: max(1, len(labels) // 10)]
+    for key, (label, _) in OUTCOMES.items():
+        per_day.add(label, [row[key] for row in board.per_day])
+    svgs["per_day"] = _svg(per_day)
+
+    if board.decision_times:
+        times = _chart(pygal.Bar, title="Time to a person's decision per tool (seconds)")
+        times.x_labels = [row["tool_name"] for row in board.decision_times]
+        times.add("median", [row["median"] for row in board.decision_times])
+        times.add("90th percentile", [row["p90"] for row in board.decision_times])
+        svgs["decision_times"] = _svg(times)
+
+    if board.asked_share:
+        share = _chart(
+            pygal.HorizontalStackedBar, title="Calls that asked vs ran without asking, per tool"
+        )
+        share.x_labels = [row["tool_name"] for row in board.asked_share]
+        share.add("asked a person", [row["asked"] for row in board.asked_share])
+        share.add("without asking", [row["automatic"] for row in board.asked_share])
+        svgs["asked_share"] = _svg(share)
+
+    if board.most_denied:
+        denied = _chart(pygal.HorizontalBar, title="Most denied calls", show_legend=False)
+        denied.x_labels = [
+            f"{row['tool_name']}: {short(row['subject'], 48)}" for row in board.most_denied
+        ]
+        denied.add("denied", [row["count"] for row in board.most_denied])
+        svgs["most_denied"] = _svg(denied)
+
+    if board.rule_hits:
+        hits = _chart(pygal.HorizontalBar, title="Rule hits")
+        hits.x_labels = [short(str(row["rule"]), 48) for row in board.rule_hits]
+        hits.add("all time", [row["hits"] for row in board.rule_hits])
+        hits.add(f"last {board.days} days", [row["in_period"] for row in board.rule_hits])
+        svgs["rule_hits"] = _svg(hits)
+
+    if board.pending:
+        pending = _chart(pygal.Bar, title="Waiting right now, per tool")
+        pending.x_labels = [row["tool_name"] for row in board.pending]
+        pending.add("waiting", [row["count"] for row in board.pending])
+        pending.add("for a reviewer", [row["for_review"] for row in board.pending])
+        svgs["pending"] = _svg(pending)
+    return svgs
+
+
+def short(text: str, limit: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,89 @@
+"""The admin in Chromium at 1280 px: the approvals list fits, the dashboard draws."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from approvals.models import ToolRule
+from tests.browser.ui import login
+from tests.factories import make_approval, make_conversation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture
+def audit_rows(admin_member, member):
+    chat = make_conversation(
+        member,
+        title="A very long conversation title about the quarterly budget and the servers",
+    )
+    now = timezone.now()
+    kinds = [
+        ("allowed", "user", "python", {"code": "import pandas as pd\n" + "x = 1\n" * 40}),
+        ("denied", "user", "terminal", {"command": "rm -rf /srv/www/releases/2026-12-01"}),
+        ("allowed", "rule", "web_fetch", {"url": "https://docs.python.org/3/library/" + "a" * 80}),
+        ("denied", "timeout", "terminal", {"command": "make deploy ENV=production"}),
+        ("pending", "", "files__write", {"path": "/tmp/x", "content": "y" * 300}),
+    ]
+    for day in range(12):
+        for status, reason, tool, arguments in kinds:
+            make_approval(
+                chat,
+                tool_name=tool,
+                arguments=arguments,
+                subject=next(iter(arguments.values())),
+                status=status,
+                reason=reason,
+                decided_by=member if reason == "user" else None,
+                requested_at=now - timedelta(days=day, minutes=5),
+                decided_at=None if status == "pending" else now - timedelta(days=day),
+                decision_seconds=30 + day if reason == "user" else None,
+            )
+    ToolRule.objects.create(tool="web_fetch", pattern="https://docs.python.org/*", action="allow",
+                            hits=12)  # fmt: skip
+
+
+def test_the_approvals_list_fits_1280_px(page, studio_server, audit_rows, artifacts):
+    login(page, studio_server, "ada")
+    page.goto(studio_server.url + "/admin/approvals/toolapproval/")
+    page.locator("#result_list").wait_for()
+    overflow = page.evaluate(
+        """() => [document.documentElement, document.querySelector('#changelist .results')]
+            .map(el => el.scrollWidth - el.clientWidth)"""
+    )
+    assert overflow == [0, 0], f"horizontal scrolling (page, table): {overflow}px"
+    headers = page.locator("#result_list thead th").all_inner_texts()
+    for name in ("REQUESTED", "STATUS", "TOOL NAME", "ARGUMENTS", "REQUESTED BY",
+                 "DECIDED BY", "REASON"):  # fmt: skip
+        assert any(name in h.upper() for h in headers), (name, headers)
+    title = page.locator("td.field-chat span").first
+    assert title.inner_text().endswith("…")
+    assert title.get_attribute("title").startswith("A very long conversation title")
+    page.screenshot(path=str(artifacts / "50-admin-list-1280.png"))
+
+
+def test_the_dashboard_draws_its_charts(page, studio_server, audit_rows, artifacts):
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    login(page, studio_server, "ada")
+    page.goto(studio_server.url + "/admin/")
+    page.click("text=Approvals dashboard")
+    page.locator("#approvals-dashboard").wait_for()
+    for chart in ("pending", "per-day", "decision-times", "asked-share", "most-denied",
+                  "rule-hits"):  # fmt: skip
+        svg = page.locator(f"#chart-{chart} svg.pygal-chart")
+        assert svg.count() == 1, chart
+        assert svg.bounding_box()["width"] > 300, chart
+    bars = page.locator("#chart-per-day svg .series rect, #chart-per-day svg .series path")
+    assert bars.count() > 10
+    page.screenshot(path=str(artifacts / "51-dashboard-30-days.png"), full_page=True)
+    page.click("[data-period='7']")
+    page.locator("#approvals-dashboard[data-days='7']").wait_for()
+    page.screenshot(path=str(artifacts / "52-dashboard-7-days.png"), full_page=True)
+    assert errors == []
