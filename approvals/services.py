@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.template.loader import render_to_string
 from django.utils import timezone
 from jsonschema import Draft202012Validator
@@ -111,17 +111,17 @@ def approval_get_for_user(*, approval_id: str, user) -> ToolApproval:
         raise ApprovalNotFound(approval_id)
     if user is None or not user.is_authenticated:
         raise ApprovalNotFound(approval_id)
-    visible = Q(conversation__owner=user)
-    if can_review(user):
-        visible |= Q(needs_review=True)
-    approval = (
-        ToolApproval.objects.select_related("conversation")
-        .filter(visible, approval_id=approval_id)
-        .first()
-    )
-    if approval is None:
-        raise ApprovalNotFound(approval_id)
-    return approval
+    try:
+        approval = ToolApproval.objects.select_related("conversation").get(approval_id=approval_id)
+    except ToolApproval.DoesNotExist:
+        raise ApprovalNotFound(approval_id) from None
+    # The owner first: only a call that waits for a reviewer asks for the
+    # permission (two queries the member's own decisions need not make).
+    if approval.conversation.owner_id == user.pk:
+        return approval
+    if approval.needs_review and can_review(user):
+        return approval
+    raise ApprovalNotFound(approval_id)
 
 
 # --- rules --------------------------------------------------------------------
