@@ -243,6 +243,17 @@ def _svg(chart: pygal.Graph) -> str:
     return _SCRIPT.sub("", chart.render(is_unicode=True))
 
 
+def _bars(
+    kind, title: str, rows: list[dict], labels: list[str], series: dict[str, str], **options
+) -> str:
+    """A bar chart of ``rows``: one bar series per ``{legend: row key}``."""
+    chart = _chart(kind, title=title, **options)
+    chart.x_labels = labels
+    for legend, key in series.items():
+        chart.add(legend, [row[key] for row in rows])
+    return _svg(chart)
+
+
 def charts(board: Dashboard) -> dict[str, str]:
     """The dashboard's pictures as inline SVG (the page shows the numbers as tables too)."""
     keys = ("per_day", "decision_times", "asked_share", "most_denied", "rule_hits", "pending")
@@ -260,43 +271,50 @@ def charts(board: Dashboard) -> dict[str, str]:
         per_day.add(label, [row[key] for row in board.per_day])
     svgs["per_day"] = _svg(per_day)
 
+    def tools(rows: list[dict]) -> list[str]:
+        return [row["tool_name"] for row in rows]
+
     if board.decision_times:
-        times = _chart(pygal.Bar, title="Time to a person's decision per tool (seconds)")
-        times.x_labels = [row["tool_name"] for row in board.decision_times]
-        times.add("median", [row["median"] for row in board.decision_times])
-        times.add("90th percentile", [row["p90"] for row in board.decision_times])
-        svgs["decision_times"] = _svg(times)
-
-    if board.asked_share:
-        share = _chart(
-            pygal.HorizontalStackedBar, title="Calls that asked vs ran without asking, per tool"
+        svgs["decision_times"] = _bars(
+            pygal.Bar,
+            "Time to a person's decision per tool (seconds)",
+            board.decision_times,
+            tools(board.decision_times),
+            {"median": "median", "90th percentile": "p90"},
         )
-        share.x_labels = [row["tool_name"] for row in board.asked_share]
-        share.add("asked a person", [row["asked"] for row in board.asked_share])
-        share.add("without asking", [row["automatic"] for row in board.asked_share])
-        svgs["asked_share"] = _svg(share)
-
+    if board.asked_share:
+        svgs["asked_share"] = _bars(
+            pygal.HorizontalStackedBar,
+            "Calls that asked vs ran without asking, per tool",
+            board.asked_share,
+            tools(board.asked_share),
+            {"asked a person": "asked", "without asking": "automatic"},
+        )
     if board.most_denied:
-        denied = _chart(pygal.HorizontalBar, title="Most denied calls", show_legend=False)
-        denied.x_labels = [
-            f"{row['tool_name']}: {short(row['subject'], 48)}" for row in board.most_denied
-        ]
-        denied.add("denied", [row["count"] for row in board.most_denied])
-        svgs["most_denied"] = _svg(denied)
-
+        svgs["most_denied"] = _bars(
+            pygal.HorizontalBar,
+            "Most denied calls",
+            board.most_denied,
+            [f"{row['tool_name']}: {short(row['subject'], 48)}" for row in board.most_denied],
+            {"denied": "count"},
+            show_legend=False,
+        )
     if board.rule_hits:
-        hits = _chart(pygal.HorizontalBar, title="Rule hits")
-        hits.x_labels = [short(str(row["rule"]), 48) for row in board.rule_hits]
-        hits.add("all time", [row["hits"] for row in board.rule_hits])
-        hits.add(f"last {board.days} days", [row["in_period"] for row in board.rule_hits])
-        svgs["rule_hits"] = _svg(hits)
-
+        svgs["rule_hits"] = _bars(
+            pygal.HorizontalBar,
+            "Rule hits",
+            board.rule_hits,
+            [short(str(row["rule"]), 48) for row in board.rule_hits],
+            {"all time": "hits", f"last {board.days} days": "in_period"},
+        )
     if board.pending:
-        pending = _chart(pygal.Bar, title="Waiting right now, per tool")
-        pending.x_labels = [row["tool_name"] for row in board.pending]
-        pending.add("waiting", [row["count"] for row in board.pending])
-        pending.add("for a reviewer", [row["for_review"] for row in board.pending])
-        svgs["pending"] = _svg(pending)
+        svgs["pending"] = _bars(
+            pygal.Bar,
+            "Waiting right now, per tool",
+            board.pending,
+            tools(board.pending),
+            {"waiting": "count", "for a reviewer": "for_review"},
+        )
     return svgs
 
 

@@ -24,32 +24,30 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from studio.cancel import Latch
 
-class Slot:
+
+class Slot(Latch):
     """One waiting tool call: woken once its row may have changed."""
 
     def __init__(self, approval_id: str, run_id: str) -> None:
+        super().__init__()
         self.approval_id = approval_id
         self.run_id = run_id
         # The decided row, when the wake came from this process's decision.
         self.outcome: Any = None
         # True while a run is parked on it (the poller re-reads only these).
         self.waiting = False
-        self._event = threading.Event()
-        self._callbacks: list[Callable[[], None]] = []
-        self._lock = threading.Lock()
 
     def wake(self, outcome: Any = None) -> None:
-        with self._lock:
+        def keep() -> None:
             if outcome is not None:
                 self.outcome = outcome
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
+
+        self._set(keep)
 
     def is_woken(self) -> bool:
-        return self._event.is_set()
+        return self.is_set()
 
     def clear(self) -> None:
         """Forget past wakes; the caller re-reads the row right after."""
@@ -59,20 +57,7 @@ class Slot:
 
     def on_wake(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` at the next wake (now, if already woken); returns an unsubscribe."""
-        with self._lock:
-            if not self._event.is_set():
-                self._callbacks.append(callback)
-                return lambda: self._unsubscribe(callback)
-        callback()
-        return lambda: None
-
-    def _unsubscribe(self, callback: Callable[[], None]) -> None:
-        with self._lock:
-            if callback in self._callbacks:
-                self._callbacks.remove(callback)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        return self.subscribe(callback)
 
 
 class Gate:

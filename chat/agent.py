@@ -141,7 +141,7 @@ class Agent:
         self.run_id = str(run.pk)
         self.toolbox = toolbox or toolbox_for(conversation, enabled=enabled_tools)
         self.knobs = knobs or AgentSettings.from_django()
-        self.workspace = settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}"
+        self.workspace = conversation.workspace
         # (tool, argument hash) of calls that ran without error in this run.
         self.succeeded: set[tuple[str, str]] = set()
         self.call_ids: set[str] = set()

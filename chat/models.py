@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import shlex
 import uuid
+from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -57,6 +58,11 @@ class Conversation(models.Model):
     def group_name(self) -> str:
         # ASCII and well under the channel layer's 100-character limit.
         return f"conversation.{self.pk}"
+
+    @property
+    def workspace(self) -> Path:
+        """The directory its python and terminal calls work in (made on first use)."""
+        return settings.STUDIO_WORKSPACE_ROOT / f"conversation-{self.pk}"
 
 
 class RunQuerySet(models.QuerySet):

@@ -42,15 +42,7 @@ def tool_started(event: events.ToolStarted) -> str:
     approval = None
     if event.approval_id:
         approval = ToolApproval.objects.get(approval_id=event.approval_id)
-    return tool_block(
-        ToolBlock(
-            message_id=event.message_id,
-            call_id=event.call.call_id,
-            name=event.call.name,
-            arguments=event.call.arguments,
-            approval=approval,
-        )
-    )
+    return _block(event, approval=approval)
 
 
 def tool_finished(event: events.ToolFinished) -> str:
@@ -74,13 +66,18 @@ def tool_finished(event: events.ToolFinished) -> str:
                 "oob": True,
             },
         )
+    return _block(event, result=result)
+
+
+def _block(event: events.ToolStarted | events.ToolFinished, **parts) -> str:
+    call = event.call
     return tool_block(
         ToolBlock(
             message_id=event.message_id,
-            call_id=event.call.call_id,
-            name=event.call.name,
-            arguments=event.call.arguments,
-            result=result,
+            call_id=call.call_id,
+            name=call.name,
+            arguments=call.arguments,
+            **parts,
         )
     )
 

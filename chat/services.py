@@ -54,10 +54,6 @@ def conversation_settings_update(
     return conversation
 
 
-def conversation_workspace(conversation: Conversation):
-    return settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}"
-
-
 def conversation_image(*, conversation: Conversation, name: str):
     """(path, MIME type) of an image in the conversation's workspace, or None.
 
@@ -72,7 +68,7 @@ def conversation_image(*, conversation: Conversation, name: str):
     mime = IMAGE_TYPES.get(Path(name).suffix.lower())
     if mime is None or "\x00" in name:
         return None
-    root = conversation_workspace(conversation).resolve()
+    root = conversation.workspace.resolve()
     path = (root / name).resolve()
     if root not in path.parents or not path.is_file():
         return None

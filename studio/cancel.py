@@ -1,7 +1,8 @@
-"""The cancel token runs, tools and model clients share.
+"""The cancel token runs, tools and model clients share, and the latch under it.
 
 It lives here, outside both apps, because ``chat.llm`` and ``chat.tools`` are
-pure clients and executors that must not import ``approvals``.
+pure clients and executors that must not import ``approvals``; the gate's
+slots (``approvals.gate.Slot``) are latches too.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import threading
 from collections.abc import Callable
 
 
-class CancelToken:
-    """A cancel flag that can also wake whoever is blocked on its behalf.
+class Latch:
+    """A flag that stays set once set, and calls back whoever subscribed to it.
 
-    Stop, a closed run or a shutting-down server call ``cancel()``; a waiting
-    slot subscribes so the wait ends at once instead of at the next poll.
+    ``subscribe`` instead of ``wait`` lets a caller that owns no thread (a
+    parked run on the event loop) hear of it; a callback given after the
+    flag is set runs at once, so nothing set in between is missed.
     """
 
     def __init__(self) -> None:
@@ -22,8 +24,11 @@ class CancelToken:
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], None]] = []
 
-    def cancel(self) -> None:
+    def _set(self, under_lock: Callable[[], None] | None = None) -> None:
+        """Set the flag (running ``under_lock`` first, atomically with it), then call back."""
         with self._lock:
+            if under_lock is not None:
+                under_lock()
             self._event.set()
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
@@ -36,7 +41,7 @@ class CancelToken:
         return self._event.wait(timeout)
 
     def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback`` on cancel (now, if already cancelled); returns an unsubscribe."""
+        """Call ``callback`` when set (now, if already set); returns an unsubscribe."""
         with self._lock:
             if not self._event.is_set():
                 self._callbacks.append(callback)
@@ -46,7 +51,16 @@ class CancelToken:
 
     def _unsubscribe(self, callback: Callable[[], None]) -> None:
         with self._lock:
-            try:
+            if callback in self._callbacks:
                 self._callbacks.remove(callback)
-            except ValueError:
-                pass
+
+
+class CancelToken(Latch):
+    """A cancel flag that can also wake whoever is blocked on its behalf.
+
+    Stop, a closed run or a shutting-down server call ``cancel()``; a waiting
+    slot subscribes so the wait ends at once instead of at the next poll.
+    """
+
+    def cancel(self) -> None:
+        self._set()

@@ -131,7 +131,7 @@ def test_an_edit_racing_an_allow_first_one_wins(conversation, alice):
 
 
 def test_the_model_sees_the_edited_call_and_the_tool_ran_exactly_it(conversation, alice, settings):
-    workspace = settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}"
+    workspace = conversation.workspace
     model = ScriptedModel([("", [call("python", {"code": "print('model')"}, "c1")]), ("ok", [])])
     driver = AgentDriver.start(
         conversation=conversation, model=model, user=alice, run=make_run(conversation),
@@ -279,7 +279,7 @@ def test_a_batch_racing_single_decisions_first_wins_per_row(conversation, alice)
 
 
 def test_the_calls_of_one_turn_are_asked_together_and_run_in_order(conversation, alice, settings):
-    workspace = settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}"
+    workspace = conversation.workspace
     (workspace / "order.txt").unlink(missing_ok=True)
     calls = [call("terminal", {"command": f"echo {n} >> order.txt"}, f"c{n}") for n in (1, 2, 3)]
     driver = AgentDriver.start(
@@ -312,7 +312,7 @@ def test_allow_then_stop_before_the_run_looks_runs_the_call_and_says_so(
     from chat.events import Park
     from studio.cancel import CancelToken
 
-    workspace = settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}"
+    workspace = conversation.workspace
     code = {"code": "open('stopped.txt', 'w').write('ran'); print('ran')"}
     model = ScriptedModel([("", [call("python", code)])])
     cancel = CancelToken()

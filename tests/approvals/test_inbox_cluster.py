@@ -10,7 +10,7 @@ import pytest
 from approvals.models import ToolApproval, ToolRule
 from tests.factories import make_conversation, make_reviewer
 from tests.helpers.clients import APPROVAL_ID, Browserish, Tab, session_cookie
-from tests.helpers.live import LiveServer
+from tests.helpers.live import two_servers
 from tests.helpers.receiver import Receiver
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
@@ -34,11 +34,8 @@ def cluster(workspace_root, tmp_path, hook, settings):
         "STUDIO_APPROVAL_WEBHOOK_URL": hook.url,
         "STUDIO_APPROVAL_WEBHOOK_AFTER": "1",
     }
-    a = LiveServer(log_path=tmp_path / "a.log", **env).start()
-    b = LiveServer(log_path=tmp_path / "b.log", **env).start()
-    yield a, b
-    a.stop()
-    b.stop()
+    with two_servers(tmp_path, **env) as pair:
+        yield pair
 
 
 def test_review_calls_come_and_go_live_in_inboxes_of_another_process(cluster, alice, hook):

@@ -139,13 +139,12 @@ async def test_cards_expired_by_purge_change_in_open_tabs(conversation, alice, w
     from datetime import timedelta
 
     from asgiref.sync import sync_to_async
-    from channels.testing import WebsocketCommunicator
     from django.test import Client
     from django.utils import timezone
 
     from chat.models import Run
-    from studio.asgi import application
     from tests.factories import make_run
+    from tests.helpers.sockets import open_socket
 
     @sync_to_async
     def setup() -> tuple[str, str]:
@@ -174,16 +173,8 @@ async def test_cards_expired_by_purge_change_in_open_tabs(conversation, alice, w
         return client.cookies["sessionid"].value, approval.approval_id
 
     session, approval_id = await setup()
-    comm = WebsocketCommunicator(
-        application,
-        f"/ws/c/{conversation.pk}/",
-        headers=[
-            (b"origin", b"http://127.0.0.1"),
-            (b"host", b"127.0.0.1"),
-            (b"cookie", f"sessionid={session}".encode()),
-        ],
-    )
-    assert (await comm.connect(timeout=10))[0]
+    comm, connected, _ = await open_socket(conversation.pk, cookie=f"sessionid={session}")
+    assert connected
     assert 'data-status="pending"' in await comm.receive_from(timeout=10)
     await sync_to_async(call_command)("purge_approvals", stdout=StringIO())
     frame = await comm.receive_from(timeout=10)

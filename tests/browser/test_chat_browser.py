@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.browser.ui import TIMEOUT, ask, login, new_chat, pending_card
+from tests.browser.ui import TIMEOUT, ask, card_for, login, new_chat, pending_card, start_chat
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -19,9 +19,7 @@ def test_deny_allow_and_always_allow(page, studio_server, member, artifacts):
     page.screenshot(path=str(artifacts / "01-conversations.png"))
     new_chat(page)
 
-    ask(page, "run python: print(6 * 7)")
-    card = pending_card(page)
-    card.wait_for()
+    card = card_for(page, "run python: print(6 * 7)")
     assert card.locator("pre.code", has_text="print(6 * 7)").count() == 1
     assert page.locator("#conversation-title").inner_text() == "run python: print(6 * 7)"
     page.screenshot(path=str(artifacts / "02-pending-card.png"))
@@ -38,17 +36,13 @@ def test_deny_allow_and_always_allow(page, studio_server, member, artifacts):
     page.wait_for_selector('#run-controls[data-running="false"]', state="attached")
     page.screenshot(path=str(artifacts / "03-denied.png"))
 
-    ask(page, "run python: print(6 * 7)")
-    card = pending_card(page)
-    card.wait_for()
+    card = card_for(page, "run python: print(6 * 7)")
     card.locator("button[value=allow]").click()
     page.locator(".tool-result pre", has_text=re.compile(r"^\s*42\s*$")).wait_for()
     page.wait_for_selector('#run-controls[data-running="false"]', state="attached")
     page.screenshot(path=str(artifacts / "04-allowed-output.png"))
 
-    ask(page, "run python: print(7 * 7)")
-    card = pending_card(page)
-    card.wait_for()
+    card = card_for(page, "run python: print(7 * 7)")
     card.locator("summary", has_text="Always allow").click()
     card.locator("button[value=always]").click()
     page.locator(".tool-result pre", has_text=re.compile(r"^\s*49\s*$")).wait_for()
@@ -86,8 +80,7 @@ def test_two_tabs_stay_in_step(browser, studio_server, member, artifacts):
 
 
 def test_reload_while_pending_keeps_live_buttons(page, studio_server, member, artifacts):
-    login(page, studio_server)
-    new_chat(page)
+    start_chat(page, studio_server)
     ask(page, "run python: print('after reload')")
     pending_card(page).wait_for()
     page.reload()
@@ -101,8 +94,7 @@ def test_reload_while_pending_keeps_live_buttons(page, studio_server, member, ar
 
 
 def test_stop_cancels_a_pending_call(page, studio_server, member):
-    login(page, studio_server)
-    new_chat(page)
+    start_chat(page, studio_server)
     ask(page, "$ echo never")
     pending_card(page).wait_for()
     page.click("#stop-button")
@@ -112,11 +104,8 @@ def test_stop_cancels_a_pending_call(page, studio_server, member):
 
 
 def test_failed_decision_post_shows_an_error_and_reenables(page, studio_server, member):
-    login(page, studio_server)
-    new_chat(page)
-    ask(page, "$ echo retry")
-    card = pending_card(page)
-    card.wait_for()
+    start_chat(page, studio_server)
+    card = card_for(page, "$ echo retry")
     page.route("**/approvals/*/decide/", lambda route: route.abort())
     card.locator("button[value=allow]").click()
     page.locator(
@@ -129,11 +118,8 @@ def test_failed_decision_post_shows_an_error_and_reenables(page, studio_server, 
 
 
 def test_deny_with_a_note(page, studio_server, member):
-    login(page, studio_server)
-    new_chat(page)
-    ask(page, "run python: import os")
-    card = pending_card(page)
-    card.wait_for()
+    start_chat(page, studio_server)
+    card = card_for(page, "run python: import os")
     card.locator("summary", has_text="Add a note").click()
     card.locator("textarea[name=note]").fill("Use pathlib instead.")
     card.locator("button[value=deny]").click()

@@ -8,18 +8,24 @@ import re
 import pytest
 
 from approvals.models import ToolApproval, ToolRule
-from tests.browser.ui import ask, login, new_chat, output, pending_card, run_finished
+from tests.browser.ui import (
+    ask,
+    card_for,
+    login,
+    new_chat,
+    output,
+    pending_card,
+    run_finished,
+    start_chat,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # ORM checks beside Playwright's loop
 
 
 def test_edit_a_python_call_then_it_runs_as_edited(page, studio_server, member, artifacts):
-    login(page, studio_server)
-    new_chat(page)
-    ask(page, "run python: print(6 * 7)")
-    card = pending_card(page)
-    card.wait_for()
+    start_chat(page, studio_server)
+    card = card_for(page, "run python: print(6 * 7)")
     card.locator("summary", has_text="Edit").click()
     editor = card.locator("textarea[name='arg.code']")
     assert editor.input_value() == "print(6 * 7)"
@@ -39,11 +45,8 @@ def test_edit_a_python_call_then_it_runs_as_edited(page, studio_server, member, 
 
 
 def test_an_edit_that_breaks_the_schema_is_refused_with_the_reason(page, studio_server, member):
-    login(page, studio_server)
-    new_chat(page)
-    ask(page, 'call web_fetch {"url": "https://example.com/"}')
-    card = pending_card(page)
-    card.wait_for()
+    start_chat(page, studio_server)
+    card = card_for(page, 'call web_fetch {"url": "https://example.com/"}')
     card.locator("summary", has_text="Edit").click()
     card.locator("input[name='arg.url']").fill("")
     card.locator("button", has_text="Allow with edits").click()
@@ -55,11 +58,8 @@ def test_an_edit_that_breaks_the_schema_is_refused_with_the_reason(page, studio_
 
 
 def test_always_allow_commands_starting_with_a_word(page, studio_server, member, artifacts):
-    login(page, studio_server)
-    new_chat(page)
-    ask(page, "$ ls")
-    card = pending_card(page)
-    card.wait_for()
+    start_chat(page, studio_server)
+    card = card_for(page, "$ ls")
     card.locator("summary", has_text="Always allow").click()
     card.locator("label.choice", has_text="commands starting with “ls”").click()
     page.screenshot(path=str(artifacts / "32-always-allow-choices.png"))
@@ -117,8 +117,7 @@ def test_an_admin_deny_rule_blocks_without_a_card(page, studio_server, admin_mem
 
 
 def test_two_calls_of_one_turn_decided_with_allow_all(page, studio_server, member, artifacts):
-    login(page, studio_server)
-    new_chat(page)
+    start_chat(page, studio_server)
     ask(page, "$ echo first\n$ echo second")
     page.locator('[data-approval-id][data-status="pending"]').nth(1).wait_for()
     page.screenshot(path=str(artifacts / "35-batch.png"), full_page=True)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.browser.ui import ask, login, new_chat, pending_card
+from tests.browser.ui import card_for, login, new_chat, start_chat
 from tests.helpers.procs import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("root_sandbox")]
@@ -31,9 +31,7 @@ def test_an_admin_adds_an_mcp_server_and_its_gated_tool_runs(
 
     page.goto(studio_server.url + "/")
     new_chat(page)
-    ask(page, 'call tools__remove {"path": "notes.txt"}')
-    card = pending_card(page)
-    card.wait_for()
+    card = card_for(page, 'call tools__remove {"path": "notes.txt"}')
     assert card.locator(".tool-name").inner_text() == "tools › remove"
     assert card.locator(".hint").all_inner_texts() == ["destructive", "open-world"]
     page.screenshot(path=str(artifacts / "21-mcp-card-with-hints.png"))
@@ -45,11 +43,10 @@ def test_an_admin_adds_an_mcp_server_and_its_gated_tool_runs(
 
 
 def test_a_plot_appears_as_a_picture(page, studio_server, admin_member, artifacts):
-    login(page, studio_server, "ada")
-    new_chat(page)
-    ask(page, "run python: import matplotlib.pyplot as plt; plt.plot([1, 3, 2]); plt.show()")
-    card = pending_card(page)
-    card.wait_for()
+    start_chat(page, studio_server, "ada")
+    card = card_for(
+        page, "run python: import matplotlib.pyplot as plt; plt.plot([1, 3, 2]); plt.show()"
+    )
     card.locator("button[value=allow]").click()
     image = page.locator(".tool-images img").first
     image.wait_for()

@@ -34,6 +34,20 @@ def pending_card(page):
     return page.locator('[data-approval-id][data-status="pending"]').last
 
 
+def start_chat(page, studio_server, username="carol") -> str:
+    """Log in and open a new conversation; returns its URL."""
+    login(page, studio_server, username)
+    return new_chat(page)
+
+
+def card_for(page, text: str):
+    """Send ``text`` and return the card it makes wait."""
+    ask(page, text)
+    card = pending_card(page)
+    card.wait_for()
+    return card
+
+
 def run_finished(page) -> None:
     page.wait_for_selector('#run-controls[data-running="false"]', state="attached")
 

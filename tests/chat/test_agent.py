@@ -21,13 +21,13 @@ APPEND = {"code": "open('runs.txt', 'a').write('ran\\n'); print('appended')"}
 
 
 def runs_file_lines(settings, conversation) -> int:
-    path = settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}" / "runs.txt"
+    path = conversation.workspace / "runs.txt"
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 @pytest.fixture(autouse=True)
 def clean_workspace(settings, conversation):
-    path = settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}" / "runs.txt"
+    path = conversation.workspace / "runs.txt"
     path.unlink(missing_ok=True)
 
 

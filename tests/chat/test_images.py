@@ -22,7 +22,7 @@ PNG = (
 
 
 def workspace_of(settings, conversation):
-    return settings.STUDIO_WORKSPACE_ROOT / f"conversation-{conversation.pk}"
+    return conversation.workspace
 
 
 def python(code: str, workspace):

@@ -14,7 +14,7 @@ from approvals.models import ToolApproval
 from chat.models import Run
 from tests.factories import make_approval
 from tests.helpers.clients import APPROVAL_ID, Browserish, Tab, session_cookie
-from tests.helpers.live import LiveServer, free_port
+from tests.helpers.live import free_port, two_servers
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 
@@ -87,11 +87,8 @@ def cluster(redis_server, workspace_root, tmp_path):
         "STUDIO_RUN_STALE_SECONDS": "2",
         "STUDIO_LAYER_WATCH_SECONDS": "0.5",
     }
-    a = LiveServer(log_path=tmp_path / "a.log", **env).start()
-    b = LiveServer(log_path=tmp_path / "b.log", **env).start()
-    yield a, b
-    a.stop()
-    b.stop()
+    with two_servers(tmp_path, **env) as pair:
+        yield pair
 
 
 def park_a_run(server, conversation, session) -> tuple[Tab, str]:

@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from deploy.cluster import DaphneProcess, free_port
 from tests.helpers.procs import child_env
 
-__all__ = ["LiveServer", "free_port"]
+__all__ = ["LiveServer", "free_port", "two_servers"]
 
 
 class LiveServer(DaphneProcess):
     def __init__(self, *, log_path: Path, **env: str) -> None:
         super().__init__(env=child_env(**env), log_path=log_path)
+
+
+@contextmanager
+def two_servers(log_dir: Path, **env: str) -> Iterator[tuple[LiveServer, LiveServer]]:
+    """Two processes of one cluster (give them the same ``REDIS_URL``), stopped after."""
+    a = LiveServer(log_path=log_dir / "a.log", **env).start()
+    try:
+        b = LiveServer(log_path=log_dir / "b.log", **env).start()
+    except BaseException:
+        a.stop()
+        raise
+    try:
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()

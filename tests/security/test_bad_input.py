@@ -7,7 +7,6 @@ from urllib.parse import quote
 
 import pytest
 from asgiref.sync import async_to_sync
-from channels.testing import WebsocketCommunicator
 from django.test import Client
 from django.urls import reverse
 from hypothesis import HealthCheck, assume, given, settings
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 from approvals.models import ToolApproval
 from chat.models import Message, Run
 from tests.factories import make_approval, make_conversation, make_user
+from tests.helpers.sockets import open_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -145,7 +145,6 @@ frames = st.one_of(
 @FUZZ
 @given(frame=frames)
 def test_websocket_frames_fuzz(world, frame):
-    from studio.asgi import application
 
     try:
         data = json.loads(frame)
@@ -165,16 +164,7 @@ def test_websocket_frames_fuzz(world, frame):
     cookie = world["client"].cookies["sessionid"].value
 
     async def exchange() -> str:
-        comm = WebsocketCommunicator(
-            application,
-            f"/ws/c/{conversation_id}/",
-            headers=[
-                (b"origin", b"http://127.0.0.1"),
-                (b"host", b"127.0.0.1"),
-                (b"cookie", f"sessionid={cookie}".encode()),
-            ],
-        )
-        connected, _ = await comm.connect(timeout=10)
+        comm, connected, _ = await open_socket(conversation_id, cookie=f"sessionid={cookie}")
         assert connected
         await comm.receive_from(timeout=10)  # catch-up
         await comm.send_to(text_data=frame)

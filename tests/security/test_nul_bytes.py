@@ -10,15 +10,14 @@ import json
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from approvals.models import ToolApproval
 from chat.models import Message, Run
-from studio.asgi import application
 from tests.factories import make_approval
 from tests.helpers.driver import AgentDriver
 from tests.helpers.scripted import ScriptedModel, call
+from tests.helpers.sockets import open_socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anydb]
 
@@ -56,18 +55,8 @@ def test_tool_output_and_arguments_with_nul_are_stored_without_it(conversation, 
 
 @pytest.mark.asyncio
 async def test_a_socket_message_with_nul_starts_a_run_without_it(conversation, alice):
-    client = Client()
-    await sync_to_async(client.force_login)(alice)
-    comm = WebsocketCommunicator(
-        application,
-        f"/ws/c/{conversation.pk}/",
-        headers=[
-            (b"origin", b"http://127.0.0.1"),
-            (b"host", b"127.0.0.1"),
-            (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()),
-        ],
-    )
-    assert (await comm.connect(timeout=10))[0]
+    comm, connected, _ = await open_socket(conversation.pk, alice)
+    assert connected
     await comm.receive_from(timeout=10)
     await comm.send_to(text_data=json.dumps({"message": "hel\x00lo"}))
     while 'data-running="false"' not in await comm.receive_from(timeout=15):
