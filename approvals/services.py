@@ -582,6 +582,18 @@ def approval_cancel_run(*, run_id: str) -> int:
     return len(ended)
 
 
+def approval_withdraw(*, approval: ToolApproval, slot: Slot) -> None:
+    """The run no longer needs this call (an identical one ran meanwhile): end it as
+    cancelled, for every tab, and forget its slot."""
+    approvals_end(pending=ToolApproval.objects.filter(pk=approval.pk), reason=Reason.CANCELLED)
+    approval_release(slot=slot)
+
+
+def approval_release(*, slot: Slot) -> None:
+    """The run stopped waiting on ``slot`` (decided, withdrawn or ended): drop it."""
+    runtime().gate.discard(slot)
+
+
 def approvals_expire_stale(*, before: datetime, dry_run: bool = False) -> int:
     """Expire pending rows requested before ``before``: no waiter can still be alive."""
     stale = ToolApproval.objects.stale(before=before)

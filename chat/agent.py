@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from django.conf import settings
+from django.db import transaction
 
 from approvals.gate import Slot
 from approvals.models import ToolApproval, ToolRule, arguments_hash
@@ -33,9 +34,10 @@ from approvals.services import (
     approval_check,
     approval_record_auto,
     approval_record_output,
+    approval_release,
     approval_request,
     approval_verdict,
-    approvals_end,
+    approval_withdraw,
 )
 from chat import events
 from chat.llm.base import ChatModel, LLMError, TextDelta, ToolCall, TurnEnd, new_call_id
@@ -44,7 +46,6 @@ from chat.toolbox import Toolbox, toolbox_for
 from chat.tools.base import ToolResult
 from chat.transcript import tool_message, transcript_build, turn_message
 from studio.cancel import CancelToken
-from studio.runtime import runtime
 from studio.text import strip_nul, strip_nul_json
 from studio.wording import REJECTION_TEXT
 
@@ -290,9 +291,7 @@ class Agent:
             return False
         if self._already_ran(call):
             # An identical call earlier in this turn succeeded meanwhile.
-            approvals_end(pending=ToolApproval.objects.filter(pk=plan.approval.pk),
-                          reason=Reason.CANCELLED)  # fmt: skip
-            runtime().gate.discard(plan.slot)
+            approval_withdraw(approval=plan.approval, slot=plan.slot)
             self.open_approvals.discard(plan.approval.approval_id)
             yield self._finish(call, ToolResult(DUPLICATE_TEXT, ok=False), plan.approval)
             return False
@@ -332,7 +331,7 @@ class Agent:
                     return outcome
                 yield events.Park(slot=slot, deadline=deadline)
         finally:
-            runtime().gate.discard(slot)
+            approval_release(slot=slot)
 
     def _follow(
         self, call: ToolCall, approval: ToolApproval, outcome: ToolApproval | None
@@ -374,14 +373,18 @@ class Agent:
             timeout=self.knobs.tool_timeout,
             workspace=self.workspace,
         )
-        approval_record_output(
-            approval=approval, text=result.text, seconds=time.monotonic() - started
-        )
+        seconds = time.monotonic() - started
         if result.ok:
             self.succeeded.add((call.name, arguments_hash(arguments)))
+        shown = result
         if approval.was_edited:
-            result = replace(result, text=f"{EDITED_TEXT}\n{result.text}")
-        yield self._finish(call, result, approval)
+            shown = replace(result, text=f"{EDITED_TEXT}\n{result.text}")
+        # The audit's output record and the result message: one commit (on
+        # PostgreSQL each commit waits for its WAL flush).
+        with transaction.atomic():
+            approval_record_output(approval=approval, text=result.text, seconds=seconds)
+            finished = self._finish(call, shown, approval)
+        yield finished
 
     def _record_edit(self, call: ToolCall, arguments: dict) -> None:
         """The transcript shows the call with the arguments that ran, not the model's."""
