@@ -94,9 +94,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--per-conversation", type=int, default=50)
+    parser.add_argument(
+        "--redis", default="", help="a Redis URL: Studio on the Redis layer instead of in-memory"
+    )
     args = parser.parse_args()
 
-    harness.setup_django(f"sqlite:///{harness.ROOT / 'bench' / '.bench-roundtrip.sqlite3'}")
+    database = f"sqlite:///{harness.ROOT / 'bench' / '.bench-roundtrip.sqlite3'}"
+    harness.setup_django(database, args.redis)
     peer_user, _ = harness.make_member("peer")
     studio = harness.Figures("Studio")
     channels = harness.Figures("peer: Django Channels, minimal")

@@ -69,10 +69,15 @@ def main() -> None:
     parser.add_argument("--approvals", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--parked", type=int, default=1000)
+    parser.add_argument(
+        "--database",
+        default=DATABASE_URL,
+        help="the shared database (a SQLite file works too: it tells the database's share)",
+    )
     args = parser.parse_args()
 
     subprocess.run(["redis-cli", "-n", "5", "flushdb"], check=True, capture_output=True)
-    harness.setup_django(DATABASE_URL, REDIS_URL)
+    harness.setup_django(args.database, REDIS_URL)
     from approvals.models import ToolApproval
     from chat.models import Message, Run
 
