@@ -133,6 +133,9 @@ class _Connection:
         self.error = ""
         self.failures = 0
         self.retry_at = 0.0
+        # Set once a session broke while in use: reconnect by itself, with
+        # backoff, until it is back (a server never used connects on demand).
+        self.recovering = False
         self.task: asyncio.Task | None = None
         self.ready = asyncio.Event()
         self.stop = asyncio.Event()
@@ -186,6 +189,7 @@ class _Connection:
             async with Client(self._transport(), message_handler=self._on_message) as client:
                 self.tools = await self._list(client)
                 self.client, self.error, self.failures = client, "", 0
+                self.recovering = False
                 self.hub.report(Report(self.spec.name, True, tools=self.tools))
                 self.ready.set()
                 await self.stop.wait()
@@ -200,8 +204,10 @@ class _Connection:
         delay = min(MAX_BACKOFF, 2.0 ** (self.failures - 1))
         self.retry_at = time.monotonic() + delay
         self.hub.report(Report(self.spec.name, False, error=self.error or "connection closed"))
-        if was_connected:
-            # It crashed or went away while in use: reconnect by itself, later.
+        if was_connected or self.recovering:
+            # It crashed or went away while in use: reconnect by itself, later,
+            # and again after each failed try (a server restarting takes a while).
+            self.recovering = True
             asyncio.get_running_loop().call_later(delay, self._reconnect)
 
     def _reconnect(self) -> None:

@@ -204,7 +204,13 @@ def test_a_crash_mid_session_is_an_error_then_the_session_recovers(server, reque
         time.sleep(0.05)
     assert "tools__echo" not in mcp_tools()
     if server.url:
-        request.getfixturevalue("http_server").start()  # it died with the crash: back up
+        # It died with the crash. Bring it back only after the hub's first
+        # try to reconnect has failed: the hub must keep trying.
+        crashed_at = McpServer.objects.get(pk=server.pk).last_error_at
+        while McpServer.objects.get(pk=server.pk).last_error_at == crashed_at:
+            assert time.monotonic() < deadline, "the hub never tried to reconnect"
+            time.sleep(0.05)
+        request.getfixturevalue("http_server").start()
     while McpServer.objects.get(pk=server.pk).available is not True:
         assert time.monotonic() < deadline, "the session never came back"
         time.sleep(0.1)
