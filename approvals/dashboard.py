@@ -243,17 +243,6 @@ def _svg(chart: pygal.Graph) -> str:
     return _SCRIPT.sub("", chart.render(is_unicode=True))
 
 
-def _bars(
-    kind, title: str, rows: list[dict], labels: list[str], series: dict[str, str], **options
-) -> str:
-    """A bar chart of ``rows``: one bar series per ``{legend: row key}``."""
-    chart = _chart(kind, title=title, **options)
-    chart.x_labels = labels
-    for legend, key in series.items():
-        chart.add(legend, [row[key] for row in rows])
-    return _svg(chart)
-
-
 def charts(board: Dashboard) -> dict[str, str]:
     """The dashboard's pictures as inline SVG (the page shows the numbers as tables too)."""
     keys = ("per_day", "decision_times", "asked_share", "most_denied", "rule_hits", "pending")
@@ -271,50 +260,55 @@ def charts(board: Dashboard) -> dict[str, str]:
         per_day.add(label, [row[key] for row in board.per_day])
     svgs["per_day"] = _svg(per_day)
 
-    def tools(rows: list[dict]) -> list[str]:
-        return [row["tool_name"] for row in rows]
+    def tool(row: dict) -> str:
+        return row["tool_name"]
 
-    if board.decision_times:
-        svgs["decision_times"] = _bars(
+    # key: (chart kind, title, a bar's label, {legend: row key}, options)
+    bars = {
+        "decision_times": (
             pygal.Bar,
             "Time to a person's decision per tool (seconds)",
-            board.decision_times,
-            tools(board.decision_times),
+            tool,
             {"median": "median", "90th percentile": "p90"},
-        )
-    if board.asked_share:
-        svgs["asked_share"] = _bars(
+            {},
+        ),
+        "asked_share": (
             pygal.HorizontalStackedBar,
             "Calls that asked vs ran without asking, per tool",
-            board.asked_share,
-            tools(board.asked_share),
+            tool,
             {"asked a person": "asked", "without asking": "automatic"},
-        )
-    if board.most_denied:
-        svgs["most_denied"] = _bars(
+            {},
+        ),
+        "most_denied": (
             pygal.HorizontalBar,
             "Most denied calls",
-            board.most_denied,
-            [f"{row['tool_name']}: {short(row['subject'], 48)}" for row in board.most_denied],
+            lambda row: f"{row['tool_name']}: {short(row['subject'], 48)}",
             {"denied": "count"},
-            show_legend=False,
-        )
-    if board.rule_hits:
-        svgs["rule_hits"] = _bars(
+            {"show_legend": False},
+        ),
+        "rule_hits": (
             pygal.HorizontalBar,
             "Rule hits",
-            board.rule_hits,
-            [short(str(row["rule"]), 48) for row in board.rule_hits],
+            lambda row: short(str(row["rule"]), 48),
             {"all time": "hits", f"last {board.days} days": "in_period"},
-        )
-    if board.pending:
-        svgs["pending"] = _bars(
+            {},
+        ),
+        "pending": (
             pygal.Bar,
             "Waiting right now, per tool",
-            board.pending,
-            tools(board.pending),
+            tool,
             {"waiting": "count", "for a reviewer": "for_review"},
-        )
+            {},
+        ),
+    }
+    for key, (kind, title, label, series, options) in bars.items():
+        rows = getattr(board, key)
+        if rows:  # an empty chart says nothing the table does not
+            chart = _chart(kind, title=title, **options)
+            chart.x_labels = [label(row) for row in rows]
+            for legend, column in series.items():
+                chart.add(legend, [row[column] for row in rows])
+            svgs[key] = _svg(chart)
     return svgs
 
 
