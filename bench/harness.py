@@ -53,7 +53,7 @@ def setup_django(database_url: str, redis_url: str = "") -> None:
 def server_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        STUDIO_WORKSPACE_ROOT="/tmp/studio-bench-ws",
+        STUDIO_WORKSPACE_ROOT=str(ROOT / "bench" / ".bench-workspaces"),
         STUDIO_LOG_LEVEL="WARNING",
         PYTHONPATH=str(ROOT),
     )

@@ -3,6 +3,7 @@ from __future__ import annotations
 import logging
 
 from django.apps import AppConfig
+from django.conf import settings
 
 logger = logging.getLogger("studio.sandbox")
 
@@ -33,3 +34,10 @@ class ChatConfig(AppConfig):
             )
         elif sandbox.bwrap_path() is None:
             logger.warning("Tool sandbox: %s", sandbox.describe())
+        if sandbox.under_private_dir(settings.STUDIO_WORKSPACE_ROOT):
+            logger.warning(
+                "STUDIO_WORKSPACE_ROOT=%s is under %s: every tool call gets a private copy "
+                "of those, and the workspaces' path shows through it. Keep it elsewhere.",
+                settings.STUDIO_WORKSPACE_ROOT,
+                ", ".join(sandbox.PRIVATE_DIRS),
+            )

@@ -112,7 +112,13 @@ def workspace_root():
     # Not under /tmp: each tool call gets a private /tmp of its own, and a
     # workspace inside it would show up there. Not under tmp_path either
     # (pytest's base is 0700 and STUDIO_SANDBOX=none runs tools as they are).
+    from chat.tools.sandbox import under_private_dir
+
     base = Path(settings.BASE_DIR) / ".test-workspaces"
+    if under_private_dir(base) and os.geteuid() == 0:
+        # A checkout under /tmp (a CI clone, say): somewhere the calls do not
+        # get a private copy of, and traversable by the tools' own uids.
+        base = Path("/var/lib/studio-test-workspaces")
     base.mkdir(mode=0o711, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="ws-", dir=base))
     root.chmod(0o711)

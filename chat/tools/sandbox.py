@@ -403,6 +403,16 @@ def _interpreter_binds(argv: list[str]) -> list[str]:
     return ["--ro-bind", str(prefix), str(prefix)]
 
 
+# Each call gets its own, empty and size-capped. A workspace (or interpreter)
+# below one of them would show its path there: keep them elsewhere.
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def under_private_dir(path: Path) -> bool:
+    resolved = str(Path(path).resolve())
+    return any(resolved == d or resolved.startswith(d + "/") for d in PRIVATE_DIRS)
+
+
 def bwrap_argv(
     argv: list[str],
     *,
@@ -439,7 +449,7 @@ def bwrap_argv(
             command += ["--ro-bind", link, link]
     command += _interpreter_binds(argv)
     command += ["--proc", "/proc", "--dev", "/dev"]
-    for tmp in ("/tmp", "/var/tmp", "/dev/shm"):
+    for tmp in PRIVATE_DIRS:
         command += ["--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", tmp]
     command += ["--bind", str(workspace), str(workspace), "--chdir", str(workspace)]
     command.append("--clearenv")
