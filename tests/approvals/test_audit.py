@@ -75,14 +75,8 @@ def test_the_summary_is_the_first_64_kb_and_size_and_hash_cover_everything(conve
 
 def test_the_row_keeps_the_tools_output_and_run_time(conversation, alice):
     code = "print('x' * 5000); print('end')"
-    model = ScriptedModel([("", [call("python", {"code": code})]), ("Done.", [])])
-    driver = AgentDriver.start(
-        conversation=conversation,
-        model=model,
-        user=alice,
-        run=make_run(conversation, status="done"),
-        knobs={"poll": 30},
-    )
+    turns = [("", [call("python", {"code": code})]), ("Done.", [])]
+    driver = AgentDriver.scripted(conversation, alice, turns)
     started = driver.wait_for(ToolStarted)
     approval_decide(approval_id=started.approval_id, user=alice, decision="allow")
     driver.finish()

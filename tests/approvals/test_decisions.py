@@ -132,11 +132,9 @@ def test_an_edit_racing_an_allow_first_one_wins(conversation, alice):
 
 def test_the_model_sees_the_edited_call_and_the_tool_ran_exactly_it(conversation, alice, settings):
     workspace = conversation.workspace
-    model = ScriptedModel([("", [call("python", {"code": "print('model')"}, "c1")]), ("ok", [])])
-    driver = AgentDriver.start(
-        conversation=conversation, model=model, user=alice, run=make_run(conversation),
-        knobs={"poll": 30},
-    )  # fmt: skip
+    turns = [("", [call("python", {"code": "print('model')"}, "c1")]), ("ok", [])]
+    driver = AgentDriver.scripted(conversation, alice, turns, run=make_run(conversation))
+    model = driver.agent.model
     started = driver.wait_for(ToolStarted)
     edited = {"code": "open('ran.txt', 'w').write('edited'); print('person')"}
     approval_decide(approval_id=started.approval_id, user=alice, decision="edit", arguments=edited)
@@ -282,10 +280,9 @@ def test_the_calls_of_one_turn_are_asked_together_and_run_in_order(conversation,
     workspace = conversation.workspace
     (workspace / "order.txt").unlink(missing_ok=True)
     calls = [call("terminal", {"command": f"echo {n} >> order.txt"}, f"c{n}") for n in (1, 2, 3)]
-    driver = AgentDriver.start(
-        conversation=conversation, model=ScriptedModel([("", calls), ("ok", [])]), user=alice,
-        run=make_run(conversation), knobs={"poll": 30},
-    )  # fmt: skip
+    driver = AgentDriver.scripted(
+        conversation, alice, [("", calls), ("ok", [])], run=make_run(conversation)
+    )
     asked = driver.wait_for(TurnAsked)
     assert len(driver.of(ToolStarted)) == 3 and not driver.of(ToolFinished)
     first, second, third = asked.approval_ids

@@ -13,9 +13,9 @@ from approvals.models import NOT_YOURS, OWN_CALL, ToolApproval, ToolRule
 from approvals.services import DecisionForbidden, approval_decide, approvals_decide
 from chat.events import ToolFinished, ToolStarted
 from chat.models import Message
-from tests.factories import make_approval, make_conversation, make_reviewer, make_run, make_user
+from tests.factories import make_approval, make_conversation, make_reviewer, make_user
 from tests.helpers.driver import AgentDriver
-from tests.helpers.scripted import ScriptedModel, call
+from tests.helpers.scripted import call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anydb]
 BOUND = 10.0
@@ -139,14 +139,8 @@ def test_a_review_rule_makes_the_run_wait_for_a_reviewer(conversation, alice, re
     conversation.confirm_tool_calls = False  # a Review rule holds even so
     conversation.save()
     ToolRule.objects.create(tool="python", action="review", note="Deploys need a second pair.")
-    model = ScriptedModel([("", [call("python", {"code": "print('shipped')"})]), ("Done.", [])])
-    driver = AgentDriver.start(
-        conversation=conversation,
-        model=model,
-        user=alice,
-        run=make_run(conversation, status="done"),
-        knobs={"poll": 30},
-    )
+    turns = [("", [call("python", {"code": "print('shipped')"})]), ("Done.", [])]
+    driver = AgentDriver.scripted(conversation, alice, turns)
     started = driver.wait_for(ToolStarted)
     assert started.awaiting is True
     row = ToolApproval.objects.get(approval_id=started.approval_id)

@@ -31,6 +31,21 @@ class AgentDriver:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     @classmethod
+    def scripted(cls, conversation, user, turns: list, *, run=None, **knobs) -> AgentDriver:
+        """An agent whose model answers ``turns`` (see ScriptedModel), decisions polled
+        every 30 s unless ``knobs`` say otherwise (so a test sees the wake, not the poll)."""
+        from tests.factories import make_run
+        from tests.helpers.scripted import ScriptedModel
+
+        return cls.start(
+            conversation=conversation,
+            model=ScriptedModel(turns),
+            user=user,
+            run=run or make_run(conversation, status="done"),
+            knobs={"poll": 30, **knobs},
+        )
+
+    @classmethod
     def start(cls, *, knobs: dict | None = None, **agent_kwargs) -> AgentDriver:
         agent_kwargs.setdefault("cancel", CancelToken())
         agent_kwargs["knobs"] = AgentSettings.from_django(**(knobs or {}))
