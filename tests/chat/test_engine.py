@@ -78,9 +78,11 @@ def tool_result(conversation) -> str:
     return Message.objects.filter(conversation=conversation, role="tool").last().content
 
 
-def holds_no_thread(rt) -> None:
+async def holds_no_thread(rt) -> None:
+    """Parked: no run is working and, once the step that parked it has handed its
+    worker back (just after the run is marked parked), no worker is busy."""
     assert rt.working_runs() == 0
-    assert rt.agent_pool.busy == 0
+    await until(lambda: rt.agent_pool.busy == 0)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +93,7 @@ async def test_a_parked_run_holds_no_thread_and_resumes_on_a_decision(
     rt, conversation, alice, decision, expected
 ):
     approval = await parked(rt, conversation)
-    holds_no_thread(rt)
+    await holds_no_thread(rt)
     await sync_to_async(approval_decide)(
         approval_id=approval.approval_id, user=alice, decision=decision
     )
@@ -102,7 +104,7 @@ async def test_a_parked_run_holds_no_thread_and_resumes_on_a_decision(
 async def test_a_parked_run_resumes_at_its_timeout(rt, conversation, settings):
     settings.STUDIO_APPROVAL_TIMEOUT = 0.5
     approval = await parked(rt, conversation)
-    holds_no_thread(rt)
+    await holds_no_thread(rt)
     await until(lambda: finished(conversation))
     await sync_to_async(approval.refresh_from_db)()
     assert (approval.status, approval.reason) == ("denied", "timeout")
@@ -135,7 +137,7 @@ async def test_more_parked_runs_than_workers_all_resume(rt, alice):
     conversations = await sync_to_async(lambda: [make_conversation(alice) for _ in range(12)])()
     approvals = [await parked(rt, c, f"run python: print({c.pk})") for c in conversations]
     assert len(rt.local_runs()) == 12 > rt.agent_pool.workers
-    holds_no_thread(rt)
+    await holds_no_thread(rt)
     for approval in approvals:
         await sync_to_async(approval_decide)(
             approval_id=approval.approval_id, user=alice, decision="allow"
