@@ -64,7 +64,10 @@ class Tab:
         self.reconnects = 0
 
     def _connect(self):
-        return connect(self.url, additional_headers=self.headers, open_timeout=10)
+        # A Tab outlives any one ``with`` block (it reconnects, and is closed
+        # by its test), so it enters the connection itself, as ``with`` would:
+        # websockets 17.1 deprecates using connect() without entering it.
+        return connect(self.url, additional_headers=self.headers, open_timeout=10).__enter__()
 
     def send(self, text: str) -> None:
         import json
