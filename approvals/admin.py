@@ -17,7 +17,7 @@ from approvals.export import jsonl_line
 from approvals.models import ToolApproval, ToolRule
 from approvals.services import policy_rules
 from approvals.templatetags.approvals_tags import edit_diff
-from studio.text import canonical_json
+from studio.text import canonical_json, short
 
 CSV_FIELDS = [
     "approval_id",
@@ -121,11 +121,6 @@ def export_jsonl(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
     )
     response["Content-Disposition"] = f'attachment; filename="tool-approvals-{stamp}.jsonl"'
     return response
-
-
-def short(text: str, limit: int) -> str:
-    text = " ".join((text or "").split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def pretty_json(value) -> str:

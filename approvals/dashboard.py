@@ -19,6 +19,7 @@ from django.utils import timezone
 from pygal.style import Style
 
 from approvals.models import ToolApproval, ToolRule
+from studio.text import short
 
 Status = ToolApproval.Status
 Reason = ToolApproval.Reason
@@ -310,8 +311,3 @@ def charts(board: Dashboard) -> dict[str, str]:
                 chart.add(legend, [row[column] for row in rows])
             svgs[key] = _svg(chart)
     return svgs
-
-
-def short(text: str, limit: int) -> str:
-    text = " ".join((text or "").split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"

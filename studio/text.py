@@ -30,3 +30,9 @@ def strip_nul_json(value: object) -> object:
 def canonical_json(value: object) -> str:
     """One spelling of a JSON value: the arguments' hash and the rules' subject use it."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def short(text: str, limit: int) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
