@@ -56,23 +56,33 @@ def inbox_state(user) -> str:
     )
 
 
-def inbox_change(user, *, approval_id: str, pending: bool, with_cards: bool) -> str:
-    """The fragments one socket sends when an approval came or went anywhere.
+def inbox_change(user, *, approval_id: str, pending: bool) -> str:
+    """What the inbox page sends when an approval came or went anywhere.
 
-    Always the header count; on the inbox page the entry added or removed;
-    for a new card the member may act on, a notification (if they opted in).
+    The header count, the entry added or removed, and for a new card the
+    member may act on, a notification (if they opted in).
     """
     html = count_badge(inbox_count(user))
     if not pending:
-        if with_cards:
-            html += f'<div id="inbox-entry-{approval_id}" hx-swap-oob="delete"></div>'
-        return html
+        return html + f'<div id="inbox-entry-{approval_id}" hx-swap-oob="delete"></div>'
     approval = inbox_queryset(user).filter(approval_id=approval_id).first()
     if approval is None:
         return html  # decided already, or not this member's to see
     context = entry_context(approval, user)
-    if with_cards:
-        html += render_to_string("approvals/_inbox_added.html", context)
+    html += render_to_string("approvals/_inbox_added.html", context)
     if wants_notifications(user):
         html += render_to_string("approvals/_inbox_notify.html", context)
+    return html
+
+
+def inbox_refresh(user, *, came: list[str]) -> str:
+    """What any other page sends after a burst of changes: the header count, and
+    one notification for the newest of the cards that ``came`` that still waits
+    (if the member opted in; a card decided meanwhile notifies nobody)."""
+    html = count_badge(inbox_count(user))
+    if came and wants_notifications(user):
+        approval = inbox_queryset(user).filter(approval_id__in=came).first()
+        if approval is not None:
+            context = entry_context(approval, user)
+            html += render_to_string("approvals/_inbox_notify.html", context)
     return html

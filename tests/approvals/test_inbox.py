@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import timedelta
 
@@ -11,12 +12,13 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from approvals.consumers import MemberSocket
 from approvals.inbox import notifications_set
 from approvals.models import InboxPreference
 from approvals.services import Verdict, approval_decide, approval_request
 from studio.runtime import runtime
 from tests.factories import make_approval, make_conversation, make_reviewer, make_user
-from tests.helpers.sockets import closed_with, open_socket, receive_until
+from tests.helpers.sockets import BOUND, closed_with, open_socket, receive_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anydb]
 
@@ -192,3 +194,39 @@ async def test_the_chat_socket_keeps_the_count_too(alice, stop_runtime):
     theirs, _, _ = await open_socket(0, stranger, path="/ws/me/")
     assert count_in(await receive_until(theirs, "approvals-count")) == 0
     await theirs.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_a_page_sends_one_count_for_a_burst_of_changes(alice, stop_runtime, monkeypatch):
+    """Three cards asked and one decided before the count settles: one count
+    query and one frame, notifying the newest card that still waits."""
+    seen, all_seen, settled = [], asyncio.Event(), asyncio.Event()
+    changed = MemberSocket.inbox_changed
+
+    async def counting(self, event):
+        await changed(self, event)
+        seen.append(event)
+        if len(seen) == 4:
+            all_seen.set()
+
+    async def settle(self):
+        await asyncio.wait_for(settled.wait(), BOUND)
+
+    monkeypatch.setattr(MemberSocket, "inbox_changed", counting)
+    monkeypatch.setattr(MemberSocket, "settle", settle)
+    await sync_to_async(notifications_set)(alice, on=True)
+    conversation = await sync_to_async(make_conversation)(alice, title="Burst")
+    page, _, _ = await open_socket(0, alice, path="/ws/me/")
+    assert count_in(await receive_until(page, "approvals-count")) == 0
+    first = await sync_to_async(ask)(conversation)
+    second = await sync_to_async(ask)(conversation)
+    third = await sync_to_async(ask)(conversation)
+    await sync_to_async(approval_decide)(approval_id=third.approval_id, user=alice, decision="deny")
+    await asyncio.wait_for(all_seen.wait(), BOUND)
+    settled.set()
+    frame = await page.receive_from(timeout=BOUND)
+    assert count_in(frame) == 2
+    assert f'data-approval-id="{second.approval_id}"' in frame
+    assert first.approval_id not in frame and third.approval_id not in frame
+    assert await page.receive_nothing(timeout=0.5)
+    await page.disconnect()
