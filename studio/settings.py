@@ -118,6 +118,9 @@ if DATABASE_URL:
 else:
     _db = {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "db.sqlite3"}
 if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # Django's SQLite, with this process's writers queued on a lock rather
+    # than on SQLite's busy sleeps (see studio/sqlite/base.py).
+    _db["ENGINE"] = "studio.sqlite"
     # Each worker thread keeps its connection: opening one costs more than a
     # decision does.
     _db["CONN_MAX_AGE"] = None
