@@ -246,10 +246,9 @@ class Inbox:
 
     async def open(self, loop: asyncio.AbstractEventLoop, rt: Runtime) -> None:
         layer = get_channel_layer()
-        # Default prefix on purpose: channels-redis receives all of a
-        # process's "specific." channels through one Redis list under one
-        # lock; a channel with another prefix would hold that lock on its own
-        # list and starve every consumer of the process.
+        # Default prefix on purpose: a layer may treat a process's "specific."
+        # channels as one (channels-redis's core layer receives them through
+        # one list under one lock, which another prefix would hold alone).
         self.name = await layer.new_channel()
         self._tasks = [loop.create_task(self._listen(layer, self.name))]
         if self.poll is not None:
@@ -306,8 +305,10 @@ class Inbox:
     async def _watch_redis(self, url: str, interval: float) -> None:
         """Notice a Redis restart (its run_id changes) and tell the consumers.
 
-        Redis keeps nothing on disk here, so a restart forgets every group:
-        each consumer must join again and re-send its tab the current state.
+        Redis keeps nothing on disk here, and what was published while it
+        was down reached nobody: each consumer joins its groups again (the
+        Pub/Sub client also re-subscribes by itself) and re-sends its tab the
+        current state.
         One INFO call per process per interval, whatever the number of sockets.
         """
         import redis.asyncio as aioredis
