@@ -324,6 +324,7 @@ class Inbox:
                 except Exception:
                     run_id = None  # down for now; compare again once it is back
                 if run_id and last and run_id != last:
+                    await self._listening_again(client)
                     callbacks = [ref() for ref in list(self._reset_callbacks.values())]
                     callbacks = [c for c in callbacks if c is not None]
                     logger.warning("Redis restarted: re-joining %d socket(s)", len(callbacks))
@@ -338,6 +339,25 @@ class Inbox:
         finally:
             with contextlib.suppress(Exception):
                 await client.aclose()
+
+    async def _listening_again(self, client, timeout: float = 10.0) -> None:
+        """After a Redis restart, wait until this process is subscribed again.
+
+        The Pub/Sub client re-subscribes by itself once it reconnects (all of
+        a process's channels and groups at once, on one connection), and what
+        is published before that reaches nobody: a tab caught up earlier would
+        miss everything between its catch-up and that moment. The inbox
+        channel counting a subscriber again says the process listens.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            with contextlib.suppress(Exception):  # down again: keep looking
+                counts = await client.pubsub_numsub(self.name)
+                if counts and counts[0][1] >= 1:
+                    return
+            await asyncio.sleep(0.05)
+        logger.warning("Redis restarted and this process is not subscribed again yet")
 
 
 async def _cancel(tasks: list[asyncio.Task], timeout: float = 2.0) -> None:
