@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
@@ -8,7 +9,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connections
 
 from approvals.gate import Gate
 from studio.runtime import runtime
@@ -56,6 +59,15 @@ def _services_guard(request):
     if REQUIRE_SERVICES:
         pytest.fail(f"required service missing: {problem}")
     pytest.skip(problem)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sync_thread_connections_closed(django_db_setup):
+    """Async tests read rows through ``sync_to_async``: asgiref's one sync thread
+    then keeps a connection, and PostgreSQL would not drop the test database
+    under it. Close it before the database is torn down."""
+    yield
+    asyncio.run(sync_to_async(connections.close_all)())
 
 
 @pytest.fixture
