@@ -17,6 +17,8 @@ SQLite's own busy timeout, as before.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from django.db.backends.sqlite3 import base
 from django.db.utils import OperationalError
@@ -96,26 +98,25 @@ class SQLiteCursorWrapper(base.SQLiteCursorWrapper):
     wrapper: DatabaseWrapper
 
     def execute(self, query, params=None):
-        taken = self._write_begin(query)
-        try:
+        with self._writing(query):
             return super().execute(query, params)
-        finally:
-            if taken:
-                self.wrapper.write_end()
 
     def executemany(self, query, param_list):
-        taken = self._write_begin(query)
-        try:
+        with self._writing(query):
             return super().executemany(query, param_list)
-        finally:
-            if taken:
-                self.wrapper.write_end()
 
-    def _write_begin(self, query: str) -> bool:
+    @contextmanager
+    def _writing(self, query: str) -> Iterator[None]:
         """A write in autocommit mode holds the lock for its one statement."""
         wrapper = self.wrapper
-        if wrapper.writing is not None or not wrapper.get_autocommit():
-            return False
-        if not query.lstrip()[:7].upper().startswith(WRITES):
-            return False
-        return wrapper.write_begin()
+        taken = (
+            wrapper.writing is None
+            and wrapper.get_autocommit()
+            and query.lstrip()[:7].upper().startswith(WRITES)
+            and wrapper.write_begin()
+        )
+        try:
+            yield
+        finally:
+            if taken:
+                wrapper.write_end()
