@@ -11,6 +11,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.patterns import glob_match
+from studio.orm import PreparedGet
 from studio.text import canonical_json
 
 
@@ -66,6 +67,25 @@ class ApprovalQuerySet(models.QuerySet):
 
     def decided_before(self, *, before: datetime) -> ApprovalQuerySet:
         return self.decided().filter(decided_at__lt=before)
+
+
+class ApprovalManager(models.Manager.from_queryset(ApprovalQuerySet)):
+    def by_approval_id(self, approval_id: str) -> ToolApproval | None:
+        """The row with its conversation, or None: every decision's and wake's first read.
+
+        What ``select_related("conversation").filter(approval_id=...).first()``
+        returns, without compiling its SQL each time (``studio.orm``).
+        """
+        return _BY_APPROVAL_ID.get(approval_id, using=self.db)
+
+
+_BY_APPROVAL_ID = PreparedGet(
+    lambda approval_id: (
+        ToolApproval.objects.select_related("conversation")
+        .filter(approval_id=approval_id)
+        .order_by()
+    )
+)
 
 
 class ToolApproval(models.Model):
@@ -152,7 +172,7 @@ class ToolApproval(models.Model):
     decided_ip = models.GenericIPAddressField(null=True, blank=True)
     decided_user_agent = models.CharField(max_length=300, blank=True)
 
-    objects = ApprovalQuerySet.as_manager()
+    objects = ApprovalManager()
 
     class Meta:
         ordering = ["-requested_at"]

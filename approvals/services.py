@@ -111,10 +111,9 @@ def approval_get_for_user(*, approval_id: str, user) -> ToolApproval:
         raise ApprovalNotFound(approval_id)
     if user is None or not user.is_authenticated:
         raise ApprovalNotFound(approval_id)
-    try:
-        approval = ToolApproval.objects.select_related("conversation").get(approval_id=approval_id)
-    except ToolApproval.DoesNotExist:
-        raise ApprovalNotFound(approval_id) from None
+    approval = ToolApproval.objects.by_approval_id(approval_id)
+    if approval is None:
+        raise ApprovalNotFound(approval_id)
     # The owner first: only a call that waits for a reviewer asks for the
     # permission (two queries the member's own decisions need not make).
     if approval.conversation.owner_id == user.pk:
@@ -618,7 +617,7 @@ def approval_check(*, slot: Slot, cancel: CancelToken, deadline: float) -> ToolA
     slot.clear()
     if outcome is not None:
         return outcome  # the committed row, from a decision in this process
-    approval = ToolApproval.objects.filter(approval_id=slot.approval_id).first()
+    approval = ToolApproval.objects.by_approval_id(slot.approval_id)
     if approval is None:
         raise ApprovalNotFound(slot.approval_id)
     if not approval.is_pending:

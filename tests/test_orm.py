@@ -1,0 +1,117 @@
+"""studio.orm.PreparedGet: the ORM's row, without compiling its SQL each time."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from approvals.models import ToolApproval
+from chat.models import Conversation
+from studio.orm import PreparedGet
+from tests.factories import make_approval
+
+pytestmark = [pytest.mark.anydb, pytest.mark.django_db(transaction=True)]
+
+
+def values(obj) -> dict:
+    return {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}
+
+
+def orm_row(approval_id: str) -> ToolApproval:
+    return ToolApproval.objects.select_related("conversation").get(approval_id=approval_id)
+
+
+def test_a_row_equals_the_orms_with_its_conversation(conversation, bob):
+    # JSON, datetimes, floats, nulls, an IP and a foreign key: every converter runs.
+    approval = make_approval(
+        conversation,
+        arguments={"code": "print('é')", "n": [1, 2.5, None]},
+        tool_schema={"type": "object"},
+        tool_hints=["reads"],
+        rule_snapshot={"note": "x"},
+    )
+    ToolApproval.objects.filter(pk=approval.pk).update(
+        status=ToolApproval.Status.ALLOWED,
+        decided_by=bob,
+        decided_at=timezone.now() + timedelta(seconds=3),
+        decision_seconds=3.25,
+        decided_ip="192.0.2.7",
+    )
+    Conversation.objects.filter(pk=conversation.pk).update(enabled_tools=["python", "shell"])
+
+    got = ToolApproval.objects.by_approval_id(approval.approval_id)
+    want = orm_row(approval.approval_id)
+
+    assert values(got) == values(want)
+    assert got.decided_at.tzinfo is not None and got.arguments["n"] == [1, 2.5, None]
+    with CaptureQueriesContext(connection) as queries:
+        assert values(got.conversation) == values(want.conversation)
+    assert len(queries) == 0, "the conversation comes with the row"
+    assert got._state.db == "default" and not got._state.adding
+    got.note = "saved through the ORM as usual"
+    got.save(update_fields=["note"])
+    assert ToolApproval.objects.get(pk=approval.pk).note == "saved through the ORM as usual"
+
+
+def test_unknown_ids_give_none_and_one_query_each(conversation):
+    make_approval(conversation)
+    with CaptureQueriesContext(connection) as queries:
+        assert ToolApproval.objects.by_approval_id("nope") is None
+        assert ToolApproval.objects.by_approval_id("") is None
+    assert len(queries) == 2
+
+
+def test_each_thread_reads_through_its_own_connection(conversation):
+    rows = [make_approval(conversation) for _ in range(4)]
+    assert ToolApproval.objects.by_approval_id(rows[0].approval_id).pk == rows[0].pk
+    seen: dict[int, object] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(rows))
+
+    def read(i: int) -> None:
+        try:
+            start.wait(timeout=10)
+            for _ in range(20):
+                seen[i] = ToolApproval.objects.by_approval_id(rows[i].approval_id)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(len(rows))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(15)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert {i: seen[i].pk for i in seen} == {i: row.pk for i, row in enumerate(rows)}
+
+
+def test_a_reconnect_keeps_working(conversation):
+    approval = make_approval(conversation)
+    assert ToolApproval.objects.by_approval_id(approval.approval_id).pk == approval.pk
+    connection.close()
+    assert ToolApproval.objects.by_approval_id(approval.approval_id).pk == approval.pk
+
+
+def test_more_than_one_row_is_an_error_not_a_pick(conversation):
+    a, b = make_approval(conversation), make_approval(conversation)
+    by_tool = PreparedGet(lambda tool: ToolApproval.objects.filter(tool_name=tool).order_by())
+    with pytest.raises(ToolApproval.MultipleObjectsReturned):
+        by_tool.get("python")
+    ToolApproval.objects.filter(pk=b.pk).update(tool_name="shell")
+    assert by_tool.get("python").pk == a.pk
+
+
+def test_a_query_with_other_parameters_is_refused(conversation):
+    make_approval(conversation)
+    two = PreparedGet(
+        lambda value: ToolApproval.objects.filter(approval_id=value, tool_name="python")
+    )
+    with pytest.raises(ValueError, match="exactly one parameter"):
+        two.get("x")
