@@ -25,7 +25,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Model, QuerySet
 from django.db.models.query import get_related_populators
 
-# Stands for the looked-up value while compiling; never reaches a database.
+# Stands for a looked-up text value while compiling; never reaches a database.
 _MARK = "\x00studio-prepared-get"
 
 
@@ -33,15 +33,18 @@ class PreparedGet:
     """``build(value)`` evaluated for its one row (or None), compiled once per connection.
 
     ``build`` must return a queryset whose only SQL parameter is ``value``
-    and that matches at most one row: a filter on a unique text column, with
+    and that matches at most one row: a filter on a unique column, with
     ``select_related`` as wanted, ordering cleared (``order_by()``), no
-    ``only`` or annotations.
+    ``only`` or annotations. ``sample``, a value of the column's type, stands
+    for it while compiling (a string by default). ``get`` sends its value as
+    given, so it must already be of that type, as the ORM would send it.
     """
 
-    def __init__(self, build: Callable[[str], QuerySet]) -> None:
+    def __init__(self, build: Callable[[Any], QuerySet], *, sample: object = _MARK) -> None:
         self.build = build
+        self.sample = sample
 
-    def get(self, value: str, *, using: str = DEFAULT_DB_ALIAS) -> Model | None:
+    def get(self, value: object, *, using: str = DEFAULT_DB_ALIAS) -> Model | None:
         connection = connections[using]
         # Cached on the wrapper, not the DB-API connection: SQL and converters
         # depend on the backend only, so they outlive a reconnect.
@@ -65,10 +68,10 @@ class PreparedGet:
         return None
 
     def _compile(self, using: str) -> tuple:
-        queryset = self.build(_MARK)
+        queryset = self.build(self.sample)
         compiler = queryset.query.get_compiler(using)
         sql, params = compiler.as_sql()
-        if list(params) != [_MARK]:
+        if list(params) != [self.sample]:
             raise ValueError(f"the query must take exactly one parameter, the value: {params!r}")
         select, klass_info = compiler.select, compiler.klass_info
         fields = klass_info["select_fields"]

@@ -115,3 +115,9 @@ def test_a_query_with_other_parameters_is_refused(conversation):
     )
     with pytest.raises(ValueError, match="exactly one parameter"):
         two.get("x")
+
+
+def test_an_integer_key_is_compiled_with_a_sample_of_its_type(alice, bob):
+    by_pk = PreparedGet(lambda pk: type(alice).objects.filter(pk=pk).order_by(), sample=0)
+    assert values(by_pk.get(bob.pk)) == values(type(bob).objects.get(pk=bob.pk))
+    assert by_pk.get(10**9) is None

@@ -53,6 +53,26 @@ def test_a_success_resets_the_count(settings):
     assert attempt(PASSWORD)[1].status_code == 302
 
 
+def test_a_login_session_ends_with_deactivation_or_a_new_password():
+    # The session's user is read through studio.auth.MemberBackend (a
+    # prepared read); Django's own checks must still apply to it.
+    user = make_user("alice")
+    client, response = attempt(PASSWORD)
+    assert response.status_code == 302
+    assert client.session["_auth_user_backend"] == "studio.auth.MemberBackend"
+    assert client.get("/").status_code == 200
+    type(user).objects.filter(pk=user.pk).update(is_active=False)
+    assert client.get("/").status_code == 302, "an inactive account is logged out"
+    type(user).objects.filter(pk=user.pk).update(is_active=True)
+    client, _ = attempt(PASSWORD)
+    assert client.get("/").status_code == 200
+    user.set_password("another-password-456")
+    user.save()
+    assert client.get("/").status_code == 302, "a new password ends the old sessions"
+    type(user).objects.filter(pk=user.pk).delete()
+    assert client.get("/").status_code == 302
+
+
 def test_the_proxy_is_believed_only_when_declared(settings):
     """X-Forwarded-For is the client's to write unless STUDIO_HTTPS trusts a proxy."""
     from django.test import RequestFactory
