@@ -1,10 +1,12 @@
-"""Benchmark: the decision POST alone (no run waiting), Studio beside a bare ASGI app.
+"""Benchmark: the decision POST alone (no run waiting), Studio beside two floors.
 
 Studio: sequential ``POST /approvals/<id>/decide/`` on pending rows, as a
 logged-in browser sends it (session cookie, CSRF header, JSON answer): the
 whole middleware stack, the conditional update, the card rendered for the
-other tabs. The peer: a bare ASGI app on daphne answering the same POST.
-Rounds alternate; figures are medians over rounds.
+other tabs. The peers: a bare ASGI app on daphne answering the same POST,
+and Studio's own Django stack (same settings and middleware, same session
+and CSRF header) with a view that decides nothing: what Django's security
+costs before any decision. Rounds alternate; figures are medians over rounds.
 
     .venv/bin/python bench/decision_post.py --posts 500 --rounds 3
 """
@@ -55,6 +57,28 @@ def studio_round(posts: int, warmup: int) -> list[float]:
     return latencies
 
 
+def floor_round(posts: int, warmup: int) -> list[float]:
+    user, session = harness.make_member(f"floor{time.monotonic_ns()}")
+    server = DaphneProcess(
+        env=harness.server_env(), app="bench.peers.django_floor:application"
+    ).start()
+    latencies = []
+    with httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10) as http:
+        http.get("/")
+        headers = {"X-CSRFToken": http.cookies["csrftoken"], "Accept": "application/json"}
+        for i in range(posts + warmup):
+            t0 = time.perf_counter()
+            response = http.post(
+                f"/floor/a{i}/decide/", data={"decision": "allow"}, headers=headers
+            )
+            elapsed = time.perf_counter() - t0
+            assert response.status_code == 200, response.text
+            if i >= warmup:
+                latencies.append(elapsed)
+    server.stop()
+    return latencies
+
+
 def bare_round(posts: int, warmup: int) -> list[float]:
     server = DaphneProcess(env=harness.peer_env(), app="bench.peers.bare_asgi:application").start()
     latencies = []
@@ -79,16 +103,21 @@ def main() -> None:
     harness.setup_django(f"sqlite:///{harness.ROOT / 'bench' / '.bench-post.sqlite3'}")
     studio = harness.Figures("Studio decision POST")
     bare = harness.Figures("peer: bare ASGI app on daphne")
+    floor = harness.Figures("peer: Studio's Django, no decision")
+    rounds = {"studio": (studio, studio_round), "bare": (bare, bare_round)}
+    rounds["floor"] = (floor, floor_round)
+    order = ["studio", "bare", "floor"]
     for r in range(args.rounds):
-        for name in ("studio", "bare") if r % 2 == 0 else ("bare", "studio"):
-            if name == "studio":
-                studio.add(studio_round(args.posts, args.warmup))
-            else:
-                bare.add(bare_round(args.posts, args.warmup))
+        for name in order if r % 2 == 0 else order[::-1]:
+            figures, run = rounds[name]
+            figures.add(run(args.posts, args.warmup))
     print(f"decision POST alone, {args.posts} POSTs x {args.rounds} alternating rounds, medians:")
-    print("  " + studio.line())
-    print("  " + bare.line())
-    print(f"  ratio Studio / bare ASGI: p50 {studio.median_p50 / bare.median_p50:.2f}x")
+    for figures in (studio, bare, floor):
+        print("  " + figures.line())
+    print(
+        f"  ratio Studio / bare ASGI: p50 {studio.median_p50 / bare.median_p50:.2f}x;"
+        f"  Studio's Django with no decision / bare ASGI: {floor.median_p50 / bare.median_p50:.2f}x"
+    )
 
 
 if __name__ == "__main__":
