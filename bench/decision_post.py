@@ -39,38 +39,26 @@ def studio_round(posts: int, warmup: int) -> list[float]:
         for i in range(posts + warmup)
     ]
     ToolApproval.objects.bulk_create(rows)
-    server = DaphneProcess(env=harness.server_env(), app="bench.asgi:application").start()
-    latencies = []
-    with httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10) as http:
-        http.get("/")
-        headers = {"X-CSRFToken": http.cookies["csrftoken"], "Accept": "application/json"}
-        for i, row in enumerate(rows):
-            t0 = time.perf_counter()
-            response = http.post(
-                f"/approvals/{row.approval_id}/decide/", data={"decision": "allow"}, headers=headers
-            )
-            elapsed = time.perf_counter() - t0
-            assert response.status_code == 200, response.text
-            if i >= warmup:
-                latencies.append(elapsed)
-    server.stop()
-    return latencies
+    paths = [f"/approvals/{row.approval_id}/decide/" for row in rows]
+    return member_posts("bench.asgi:application", session, paths, warmup)
 
 
 def floor_round(posts: int, warmup: int) -> list[float]:
-    user, session = harness.make_member(f"floor{time.monotonic_ns()}")
-    server = DaphneProcess(
-        env=harness.server_env(), app="bench.peers.django_floor:application"
-    ).start()
+    _, session = harness.make_member(f"floor{time.monotonic_ns()}")
+    paths = [f"/floor/a{i}/decide/" for i in range(posts + warmup)]
+    return member_posts("bench.peers.django_floor:application", session, paths, warmup)
+
+
+def member_posts(app: str, session: str, paths: list[str], warmup: int) -> list[float]:
+    """POST an Allow to each path as a logged-in browser would; the latencies after warm-up."""
+    server = DaphneProcess(env=harness.server_env(), app=app).start()
     latencies = []
     with httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10) as http:
         http.get("/")
         headers = {"X-CSRFToken": http.cookies["csrftoken"], "Accept": "application/json"}
-        for i in range(posts + warmup):
+        for i, path in enumerate(paths):
             t0 = time.perf_counter()
-            response = http.post(
-                f"/floor/a{i}/decide/", data={"decision": "allow"}, headers=headers
-            )
+            response = http.post(path, data={"decision": "allow"}, headers=headers)
             elapsed = time.perf_counter() - t0
             assert response.status_code == 200, response.text
             if i >= warmup:
