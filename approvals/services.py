@@ -46,6 +46,7 @@ from approvals.models import (
 from approvals.notify import REVIEWERS_GROUP, member_group
 from approvals.patterns import glob_escape
 from studio.cancel import CancelToken
+from studio.orm import update_where
 from studio.runtime import runtime
 from studio.text import strip_nul, strip_nul_json
 
@@ -364,8 +365,12 @@ def approval_decide(
     now = timezone.now()
     changes.update(_audit_fields(approval, now, client))
     with transaction.atomic():
-        updated = ToolApproval.objects.filter(pk=approval.pk, status=Status.PENDING).update(
-            status=status, reason=reason, decided_by=user, decided_at=now, note=note, **changes
+        updated = update_where(
+            ToolApproval,
+            where={"pk": approval.pk, "status": Status.PENDING},
+            values=dict(
+                status=status, reason=reason, decided_by=user, decided_at=now, note=note, **changes
+            ),
         )
         if updated and decision == "always":
             rule = rule_create(
@@ -405,11 +410,15 @@ def approval_record_output(*, approval: ToolApproval, text: str, seconds: float)
     """Keep what the tool gave back: its first OUTPUT_SUMMARY_BYTES, size and SHA-256."""
     data = text.encode("utf-8", "replace")
     summary = data[:OUTPUT_SUMMARY_BYTES].decode("utf-8", "ignore")
-    ToolApproval.objects.filter(pk=approval.pk).update(
-        run_seconds=seconds,
-        output_summary=strip_nul(summary),
-        output_size=len(data),
-        output_sha256=hashlib.sha256(data).hexdigest(),
+    update_where(
+        ToolApproval,
+        where={"pk": approval.pk},
+        values={
+            "run_seconds": seconds,
+            "output_summary": strip_nul(summary),
+            "output_size": len(data),
+            "output_sha256": hashlib.sha256(data).hexdigest(),
+        },
     )
 
 

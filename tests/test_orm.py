@@ -6,13 +6,14 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import ToolApproval
 from chat.models import Conversation
-from studio.orm import PreparedGet
+from studio.orm import PreparedGet, update_where
 from tests.factories import make_approval
 
 pytestmark = [pytest.mark.anydb, pytest.mark.django_db(transaction=True)]
@@ -121,3 +122,67 @@ def test_an_integer_key_is_compiled_with_a_sample_of_its_type(alice, bob):
     by_pk = PreparedGet(lambda pk: type(alice).objects.filter(pk=pk).order_by(), sample=0)
     assert values(by_pk.get(bob.pk)) == values(type(bob).objects.get(pk=bob.pk))
     assert by_pk.get(10**9) is None
+
+
+def test_update_where_writes_what_the_orms_update_writes(conversation, bob):
+    # Two equal rows, one updated by the ORM and one by update_where: every
+    # field type a decision writes (a user, a time, a float, an IP, JSON).
+    ours, theirs = make_approval(conversation), make_approval(conversation)
+    now = timezone.now()
+    changes = {
+        "status": ToolApproval.Status.ALLOWED,
+        "decided_by": bob,
+        "decided_at": now,
+        "note": "é ok",
+        "decision_seconds": 1.25,
+        "decided_ip": "2001:db8::1",
+        "decided_user_agent": "agent/1",
+        "approved_arguments": {"code": "print(2)", "n": [1, None]},
+        "rule_snapshot": None,
+    }
+    pending = ToolApproval.Status.PENDING
+    assert update_where(ToolApproval, where={"pk": ours.pk, "status": pending}, values=changes)
+    ToolApproval.objects.filter(pk=theirs.pk, status=pending).update(**changes)
+
+    got, want = ToolApproval.objects.get(pk=ours.pk), ToolApproval.objects.get(pk=theirs.pk)
+    skip = {"id", "approval_id", "requested_at"}
+    assert {k: v for k, v in values(got).items() if k not in skip} == {
+        k: v for k, v in values(want).items() if k not in skip
+    }
+    assert got.decided_by_id == bob.pk and got.decided_at == now
+    assert got.approved_arguments == {"code": "print(2)", "n": [1, None]}
+
+
+def test_update_where_matches_or_changes_nothing(conversation):
+    approval = make_approval(conversation, status=ToolApproval.Status.DENIED)
+    before = values(ToolApproval.objects.get(pk=approval.pk))
+    where = {"pk": approval.pk, "status": ToolApproval.Status.PENDING}
+    assert update_where(ToolApproval, where=where, values={"note": "late"}) == 0
+    assert values(ToolApproval.objects.get(pk=approval.pk)) == before
+    # A foreign key matched by its instance, as filter() takes it.
+    where = {"conversation": conversation, "approval_id": approval.approval_id}
+    assert update_where(ToolApproval, where=where, values={"note": "found"}) == 1
+    assert ToolApproval.objects.get(pk=approval.pk).note == "found"
+
+
+def test_update_where_rolls_back_with_its_transaction(conversation):
+    approval = make_approval(conversation)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        update_where(ToolApproval, where={"pk": approval.pk}, values={"note": "gone"})
+        raise RuntimeError
+    assert ToolApproval.objects.get(pk=approval.pk).note == ""
+
+
+def test_update_where_refuses_what_it_does_not_handle(conversation):
+    approval = make_approval(conversation)
+    refused = [
+        ({"pk": approval.pk}, {"note": F("tool_name")}, TypeError),
+        ({"decided_at": None}, {"note": "x"}, TypeError),
+        ({"pk": approval.pk}, {"id": 5}, ValueError),
+        ({"pk": approval.pk}, {}, ValueError),
+        ({"pk": approval.pk}, {"no_such_field": 1}, Exception),
+    ]
+    for where, values_, error in refused:
+        with pytest.raises(error):
+            update_where(ToolApproval, where=where, values=values_)
+    assert ToolApproval.objects.get(pk=approval.pk).note == ""
