@@ -23,22 +23,8 @@ from deploy.cluster import DaphneProcess
 
 
 def studio_round(posts: int, warmup: int) -> list[float]:
-    from approvals.models import ToolApproval, arguments_hash
-
     user, session = harness.make_member(f"post{time.monotonic_ns()}")
-    conversation = harness.make_conversation(user)
-    rows = [
-        ToolApproval(
-            conversation=conversation,
-            tool_name="echo",
-            arguments={"text": str(i)},
-            arguments_sha256=arguments_hash({"text": str(i)}),
-            requested_by=user,
-            run_id="bench",
-        )
-        for i in range(posts + warmup)
-    ]
-    ToolApproval.objects.bulk_create(rows)
+    rows = harness.make_pending(user, harness.make_conversation(user), posts + warmup)
     paths = [f"/approvals/{row.approval_id}/decide/" for row in rows]
     return member_posts("bench.asgi:application", session, paths, warmup)
 

@@ -78,6 +78,25 @@ def make_conversation(user, **fields):
     return Conversation.objects.create(owner=user, title="bench", **fields)
 
 
+def make_pending(user, conversation, count: int) -> list:
+    """``count`` pending ``echo`` approvals in ``conversation``, as a parked run leaves them."""
+    from approvals.models import ToolApproval, arguments_hash
+
+    rows = [
+        ToolApproval(
+            conversation=conversation,
+            tool_name="echo",
+            arguments={"text": str(i)},
+            arguments_sha256=arguments_hash({"text": str(i)}),
+            requested_by=user,
+            run_id="bench",
+        )
+        for i in range(count)
+    ]
+    ToolApproval.objects.bulk_create(rows)
+    return rows
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process so far, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

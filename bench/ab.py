@@ -1,0 +1,132 @@
+"""Benchmark: one change, A/B. The same measure served from two checkouts, in one invocation.
+
+On these shared machines a peer's median moves by a third between runs, so a
+change is measured against its parent in alternating rounds of one
+invocation: each round starts daphne from checkout A or B (a git worktree),
+both on the same fresh SQLite database. The schema must be the same in both.
+
+* ``post``: sequential decision POSTs, no run waiting (as ``decision_post.py``);
+* ``rt``: the approval round trip, POST sent -> tool result (as ``roundtrip.py``).
+
+Prints each side's medians over rounds (p50, p99, server CPU per POST or
+approval from /proc) and B/A.
+
+    git worktree add ../before HEAD~1
+    .venv/bin/python bench/ab.py post --a ../before --b . --rounds 6 --n 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import harness
+import httpx
+
+import deploy.cluster
+from deploy.cluster import DaphneProcess
+
+
+def start(root: Path) -> DaphneProcess:
+    # daphne imports the application from its working directory.
+    deploy.cluster.ROOT = root
+    env = harness.server_env(PYTHONPATH=str(root))
+    return DaphneProcess(env=env, app="bench.asgi:application").start()
+
+
+def member(root: Path) -> tuple[object, str]:
+    """A user and a session that ``root``'s settings accept (its own login backend)."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    user = get_user_model().objects.create_user(f"ab{time.monotonic_ns()}", password="ab-pw-123")
+    settings_text = (root / "studio" / "settings.py").read_text()
+    backend = None  # this checkout's first backend that loads users
+    if "studio.auth.MemberBackend" not in settings_text:
+        backend = "django.contrib.auth.backends.ModelBackend"
+    client = Client()
+    client.force_login(user, backend=backend)
+    return user, client.cookies["sessionid"].value
+
+
+def post_round(root: Path, n: int, warmup: int = 30) -> tuple[float, float, float]:
+    user, session = member(root)
+    rows = harness.make_pending(user, harness.make_conversation(user), n + warmup)
+    server = start(root)
+    latencies, cpu0 = [], 0.0
+    with httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10) as http:
+        http.get("/")
+        headers = {"X-CSRFToken": http.cookies["csrftoken"], "Accept": "application/json"}
+        for i, row in enumerate(rows):
+            if i == warmup:
+                cpu0 = harness.cpu_seconds(server.pid)
+            t0 = time.perf_counter()
+            response = http.post(
+                f"/approvals/{row.approval_id}/decide/", data={"decision": "allow"}, headers=headers
+            )
+            if i >= warmup:
+                latencies.append(time.perf_counter() - t0)
+            assert response.status_code == 200, response.text
+        cpu = (harness.cpu_seconds(server.pid) - cpu0) / n
+    server.stop()
+    return statistics.median(latencies), harness.percentile(latencies, 99), cpu
+
+
+def rt_round(root: Path, n: int) -> tuple[float, float, float]:
+    user, session = member(root)
+    server = start(root)
+    http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
+    http.get("/")
+    headers = {"X-CSRFToken": http.cookies["csrftoken"], "Accept": "application/json"}
+    try:
+        trips = harness.round_trips(
+            ws_server=server,
+            user=user,
+            session=session,
+            decide=lambda approval_id: http.post(
+                f"/approvals/{approval_id}/decide/", data={"decision": "allow"}, headers=headers
+            ),
+            count=n,
+            warmup=20,
+            cpu_pid=server.pid,
+        )
+    finally:
+        http.close()
+        server.stop()
+    total = trips.total
+    return statistics.median(total), harness.percentile(total, 99), sum(trips.cpu) / len(trips.cpu)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=("post", "rt"))
+    parser.add_argument("--a", required=True, type=Path, help="checkout A (before)")
+    parser.add_argument("--b", required=True, type=Path, help="checkout B (after)")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--n", type=int, default=400, help="POSTs or approvals per round")
+    args = parser.parse_args()
+    roots = (args.a.resolve(), args.b.resolve())
+    harness.setup_django(f"sqlite:///{harness.ROOT / 'bench' / '.bench-ab.sqlite3'}")
+    measure = post_round if args.kind == "post" else rt_round
+    results: dict[Path, list[tuple[float, float, float]]] = {root: [] for root in roots}
+    for r in range(args.rounds):
+        for root in roots if r % 2 == 0 else roots[::-1]:
+            results[root].append(measure(root, args.n))
+    medians = {}
+    for label, root in zip("AB", roots, strict=True):
+        rounds = results[root]
+        p50, p99, cpu = (statistics.median(x[i] for x in rounds) for i in range(3))
+        medians[label] = (p50, cpu)
+        per_round = " ".join(f"{x[0] * 1000:.1f}" for x in rounds)
+        print(
+            f"{label} {root}: p50 {p50 * 1000:.2f} ms  p99 {p99 * 1000:.2f} ms  "
+            f"CPU {cpu * 1000:.2f} ms   (p50 per round: {per_round})"
+        )
+    (a50, acpu), (b50, bcpu) = medians["A"], medians["B"]
+    print(f"B/A: p50 {b50 / a50:.2f}x  CPU {bcpu / acpu:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
