@@ -16,6 +16,7 @@ from approvals.notify import member_group
 from approvals.services import approvals_end, rule_revoke
 from chat.models import Conversation, Message, Run
 from chat.tools import builtin_tools
+from studio.orm import update_where
 from studio.runtime import runtime
 from studio.sessions import session_digest
 
@@ -205,6 +206,9 @@ def run_heartbeat(*, inbox: str) -> int:
 
 
 def run_finish(*, run_id: str, status: str, error: str = "") -> None:
-    Run.objects.running().filter(pk=run_id).update(
-        status=status, error=error[:2000], finished_at=timezone.now()
+    """Record how the run ended; a run ended already (retired as dead, say) keeps its record."""
+    update_where(
+        Run,
+        where={"pk": run_id, "status": Run.Status.RUNNING},
+        values={"status": status, "error": error[:2000], "finished_at": timezone.now()},
     )

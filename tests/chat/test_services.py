@@ -1,0 +1,33 @@
+"""chat.services: how a run's end is recorded."""
+
+from __future__ import annotations
+
+import pytest
+
+from chat.models import Run
+from chat.services import run_finish
+from tests.factories import make_run
+
+pytestmark = [pytest.mark.django_db, pytest.mark.anydb]
+
+
+def test_run_finish_records_the_end_of_a_running_run(conversation):
+    run = make_run(conversation)
+    run_finish(run_id=str(run.pk), status=Run.Status.ERROR, error="x" * 3000)
+    run.refresh_from_db()
+    assert run.status == Run.Status.ERROR and run.finished_at is not None
+    assert run.error == "x" * 2000
+
+
+def test_run_finish_keeps_an_end_recorded_already(conversation):
+    # Retired as dead by another process, say: the first record stands.
+    run = make_run(conversation)
+    run_finish(run_id=str(run.pk), status=Run.Status.CANCELLED, error="server gone")
+    first = Run.objects.get(pk=run.pk)
+    run_finish(run_id=str(run.pk), status=Run.Status.DONE)
+    again = Run.objects.get(pk=run.pk)
+    assert (again.status, again.error, again.finished_at) == (
+        Run.Status.CANCELLED,
+        "server gone",
+        first.finished_at,
+    )
