@@ -15,8 +15,8 @@ objects. It leans on internals of Django 5.2's SQL compiler (the version
 ``requirements.txt`` pins); ``tests/test_orm.py`` checks that its rows
 equal the ORM's.
 
-``update_where`` does the same for the decision's conditional update and the
-tool's output record: a plain ``UPDATE … SET … WHERE`` on equal columns,
+``update_where`` does the same for the decision's conditional update, the
+tool's output record and the run's end: a plain ``UPDATE … SET … WHERE`` on equal columns,
 its SQL built once per shape from the fields' columns (the ORM's update took
 0.4 ms per decision here, this 0.13 ms), each value converted by its field.
 """
@@ -111,8 +111,8 @@ def update_where(
         for field, value in zip(set_fields, values.values(), strict=True)
     ]
     for field, value in zip(where_fields, where.values(), strict=True):
-        if value is None or hasattr(value, "resolve_expression"):
-            raise TypeError(f"update_where matches plain values, not {value!r}")
+        if value is None:  # filter() would mean IS NULL
+            raise TypeError(f"update_where matches plain values, not None ({field.name})")
         value = field.get_prep_value(_saved(field, value))
         params.append(field.get_db_prep_value(value, connection, prepared=True))
     with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
