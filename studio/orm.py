@@ -51,12 +51,7 @@ class PreparedGet:
 
     def get(self, value: object, *, using: str = DEFAULT_DB_ALIAS) -> Model | None:
         connection = connections[using]
-        # Cached on the wrapper, not the DB-API connection: SQL and converters
-        # depend on the backend only, so they outlive a reconnect.
-        cache = connection.__dict__.setdefault("_studio_prepared", {})
-        plan = cache.get(self)
-        if plan is None:
-            plan = cache[self] = self._compile(using)
+        plan = _plan(connection, self, lambda: self._compile(using))
         compiler, sql, model, start, end, init_list, populators, converters = plan
         with connection.cursor() as cursor:
             cursor.execute(sql, [value])
@@ -101,11 +96,9 @@ def update_where(
     """
     connection = connections[using]
     key = (model, tuple(where), tuple(values))
-    cache = connection.__dict__.setdefault("_studio_updates", {})
-    plan = cache.get(key)
-    if plan is None:
-        plan = cache[key] = _update_plan(model, key[1], key[2], connection)
-    sql, set_fields, where_fields = plan
+    sql, set_fields, where_fields = _plan(
+        connection, key, lambda: _update_plan(model, key[1], key[2], connection)
+    )
     params = [
         field.get_db_prep_save(_saved(field, value), connection)
         for field, value in zip(set_fields, values.values(), strict=True)
@@ -118,6 +111,19 @@ def update_where(
     with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+def _plan(connection, key: object, make: Callable[[], tuple]) -> tuple:
+    """What ``make`` built for ``key`` on this connection wrapper (built the first time).
+
+    Kept on the wrapper (one per thread), not the DB-API connection: SQL and
+    converters depend on the backend only, so they outlive a reconnect.
+    """
+    plans = connection.__dict__.setdefault("_studio_plans", {})
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = make()
+    return plan
 
 
 def _saved(field, value):
