@@ -105,6 +105,8 @@ TEMPLATES = [
                 "django.contrib.messages.context_processors.messages",
                 "approvals.context_processors.inbox",
             ],
+            # Tags shared by every app's templates (studio is not an app).
+            "libraries": {"studio_tags": "studio.templatetags"},
         },
     },
 ]
