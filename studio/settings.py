@@ -177,7 +177,9 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            # Channels' in-memory layer without its per-send sweep of every
+            # socket of the process (see studio/layers.py).
+            "BACKEND": "studio.layers.LocalChannelLayer",
             "CONFIG": {"capacity": env_int("STUDIO_CHANNEL_CAPACITY", 5000, minimum=100)},
         }
     }
