@@ -6,18 +6,21 @@ invocation: each round starts daphne from checkout A or B (a git worktree),
 both on the same fresh SQLite database. The schema must be the same in both.
 
 * ``post``: sequential decision POSTs, no run waiting (as ``decision_post.py``);
-* ``rt``: the approval round trip, POST sent -> tool result (as ``roundtrip.py``).
+* ``rt``: the approval round trip, POST sent -> tool result (as ``roundtrip.py``);
+  ``--tabs N`` holds N idle chat tabs of another member open meanwhile.
 
 Prints each side's medians over rounds (p50, p99, server CPU per POST or
 approval from /proc) and B/A.
 
     git worktree add ../before HEAD~1
     .venv/bin/python bench/ab.py post --a ../before --b . --rounds 6 --n 400
+    .venv/bin/python bench/ab.py rt --a ../before --b . --rounds 4 --n 200 --tabs 1000
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from pathlib import Path
@@ -74,24 +77,29 @@ def post_round(root: Path, n: int, warmup: int = 30) -> tuple[float, float, floa
     return statistics.median(latencies), harness.percentile(latencies, 99), cpu
 
 
-def rt_round(root: Path, n: int) -> tuple[float, float, float]:
+def rt_round(root: Path, n: int, tabs: int = 0) -> tuple[float, float, float]:
     user, session = member(root)
+    idle_user, idle_session = member(root)
+    idle = [harness.make_conversation(idle_user, enabled_tools=[]).pk for _ in range(tabs)]
     server = start(root)
     http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
     http.get("/")
     headers = {"X-CSRFToken": http.cookies["csrftoken"], "Accept": "application/json"}
     try:
-        trips = harness.round_trips(
-            ws_server=server,
-            user=user,
-            session=session,
-            decide=lambda approval_id: http.post(
-                f"/approvals/{approval_id}/decide/", data={"decision": "allow"}, headers=headers
-            ),
-            count=n,
-            warmup=20,
-            cpu_pid=server.pid,
-        )
+        with harness.IdleTabs(server, idle_session, idle):
+            trips = harness.round_trips(
+                ws_server=server,
+                user=user,
+                session=session,
+                decide=lambda approval_id: http.post(
+                    f"/approvals/{approval_id}/decide/",
+                    data={"decision": "allow"},
+                    headers=headers,
+                ),
+                count=n,
+                warmup=20,
+                cpu_pid=server.pid,
+            )
     finally:
         http.close()
         server.stop()
@@ -106,10 +114,14 @@ def main() -> None:
     parser.add_argument("--b", required=True, type=Path, help="checkout B (after)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--n", type=int, default=400, help="POSTs or approvals per round")
+    parser.add_argument("--tabs", type=int, default=0, help="rt: idle tabs of another member")
     args = parser.parse_args()
     roots = (args.a.resolve(), args.b.resolve())
     harness.setup_django(f"sqlite:///{harness.ROOT / 'bench' / '.bench-ab.sqlite3'}")
-    measure = post_round if args.kind == "post" else rt_round
+    if args.kind == "post":
+        measure = post_round
+    else:
+        measure = functools.partial(rt_round, tabs=args.tabs)
     results: dict[Path, list[tuple[float, float, float]]] = {root: [] for root in roots}
     for r in range(args.rounds):
         for root in roots if r % 2 == 0 else roots[::-1]:

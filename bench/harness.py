@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -95,6 +97,54 @@ def make_pending(user, conversation, count: int) -> list:
     ]
     ToolApproval.objects.bulk_create(rows)
     return rows
+
+
+class IdleTabs:
+    """``count`` open chat tabs of another member, idle, held while a benchmark runs.
+
+    What a process serving a team also holds: sockets that take no part in
+    the measured approvals but that every layer sweep and scan walks past.
+    One asyncio loop in a thread of its own holds them all; each has had its
+    conversation's first frame before ``__enter__`` returns.
+    """
+
+    def __init__(self, server, session: str, conversation_ids: list[int]) -> None:
+        self.server, self.session, self.conversation_ids = server, session, conversation_ids
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.sockets: list = []
+
+    def __enter__(self) -> IdleTabs:
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._open(), self.loop).result(timeout=600)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        asyncio.run_coroutine_threadsafe(self._close(), self.loop).result(timeout=120)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+    async def _open(self) -> None:
+        from websockets.asyncio.client import connect
+
+        limit = asyncio.Semaphore(20)
+
+        async def one(conversation_id: int) -> None:
+            async with limit:
+                ws = await connect(
+                    f"{self.server.ws_url}/ws/c/{conversation_id}/",
+                    additional_headers={
+                        "Cookie": f"sessionid={self.session}",
+                        "Origin": self.server.url,
+                    },
+                )
+                await asyncio.wait_for(ws.recv(), 30)
+                self.sockets.append(ws)
+
+        await asyncio.gather(*(one(c) for c in self.conversation_ids))
+
+    async def _close(self) -> None:
+        await asyncio.gather(*(ws.close() for ws in self.sockets), return_exceptions=True)
 
 
 def cpu_seconds(pid: int) -> float:
