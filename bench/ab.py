@@ -83,19 +83,13 @@ def rt_round(root: Path, n: int, tabs: int = 0) -> tuple[float, float, float]:
     idle = [harness.make_conversation(idle_user, enabled_tools=[]).pk for _ in range(tabs)]
     server = start(root)
     http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
-    http.get("/")
-    headers = {"X-CSRFToken": http.cookies["csrftoken"], "Accept": "application/json"}
     try:
         with harness.IdleTabs(server, idle_session, idle):
             trips = harness.round_trips(
                 ws_server=server,
                 user=user,
                 session=session,
-                decide=lambda approval_id: http.post(
-                    f"/approvals/{approval_id}/decide/",
-                    data={"decision": "allow"},
-                    headers=headers,
-                ),
+                decide=harness.member_allow(http),
                 count=n,
                 warmup=20,
                 cpu_pid=server.pid,

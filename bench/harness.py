@@ -73,6 +73,18 @@ def make_member(username: str = "bench"):
     return user, client.cookies["sessionid"].value
 
 
+def member_allow(http) -> Callable[[str], object]:
+    """A function that allows an approval as a logged-in browser's JSON call does.
+
+    ``http``: an httpx client holding the member's session cookie.
+    """
+    http.get("/")
+    headers = {"X-CSRFToken": http.cookies["csrftoken"], "Accept": "application/json"}
+    return lambda approval_id: http.post(
+        f"/approvals/{approval_id}/decide/", data={"decision": "allow"}, headers=headers
+    )
+
+
 def make_conversation(user, **fields):
     from chat.models import Conversation
 

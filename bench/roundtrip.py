@@ -32,18 +32,12 @@ def studio_round(args) -> harness.RoundTrips:
         log_path=harness.ROOT / "bench" / ".bench-roundtrip.log",
     ).start()
     http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
-    http.get("/")
-    csrf = http.cookies["csrftoken"]
     try:
         return harness.round_trips(
             ws_server=server,
             user=user,
             session=session,
-            decide=lambda approval_id: http.post(
-                f"/approvals/{approval_id}/decide/",
-                data={"decision": "allow"},
-                headers={"X-CSRFToken": csrf, "Accept": "application/json"},
-            ),
+            decide=harness.member_allow(http),
             count=args.approvals,
             warmup=args.warmup,
             per_conversation=args.per_conversation,
