@@ -60,15 +60,12 @@ def post_round(root: Path, n: int, warmup: int = 30) -> tuple[float, float, floa
     server = start(root)
     latencies, cpu0 = [], 0.0
     with httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10) as http:
-        http.get("/")
-        headers = {"X-CSRFToken": http.cookies["csrftoken"], "Accept": "application/json"}
+        allow = harness.member_allow(http)
         for i, row in enumerate(rows):
             if i == warmup:
                 cpu0 = harness.cpu_seconds(server.pid)
             t0 = time.perf_counter()
-            response = http.post(
-                f"/approvals/{row.approval_id}/decide/", data={"decision": "allow"}, headers=headers
-            )
+            response = allow(row.approval_id)
             if i >= warmup:
                 latencies.append(time.perf_counter() - t0)
             assert response.status_code == 200, response.text

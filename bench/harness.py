@@ -76,7 +76,8 @@ def make_member(username: str = "bench"):
 def member_allow(http) -> Callable[[str], object]:
     """A function that allows an approval as a logged-in browser's JSON call does.
 
-    ``http``: an httpx client holding the member's session cookie.
+    ``http``: an httpx client holding the member's session cookie; it fetches
+    a page first, for the CSRF cookie the calls then send back as a header.
     """
     http.get("/")
     headers = {"X-CSRFToken": http.cookies["csrftoken"], "Accept": "application/json"}

@@ -38,7 +38,7 @@ class LocalChannelLayer(InMemoryChannelLayer):
         assert isinstance(message, dict), "Message is not a dict"
         self.require_valid_group_name(group)
         self._clean_expired()
-        # A copy: a full channel's member may be dropped from groups meanwhile.
+        # A copy: the group may change while the sends run (each is awaited).
         for channel in list(self.groups.get(group, ())):
             try:
                 await self.send(channel, message)
