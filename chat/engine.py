@@ -35,11 +35,15 @@ from chat.llm import get_model
 from chat.models import Conversation, Message, Run
 from chat.services import RunBusy, run_create, run_finish, run_heartbeat
 from chat.toolbox import toolbox_for
-from studio.runtime import LocalRun, Runtime, release_connection, runtime
+from studio.runtime import Later, LocalRun, Runtime, release_connection, runtime
 
 logger = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 0.05
+# A status line ("Thinking…", "Running python…") is sent only once what it
+# announces has taken this long; a quicker step's status leaves with its
+# result, in one message (see Publisher.flush).
+STATUS_SECONDS = 0.15
 # How long shutdown waits for runs to record that they were cancelled.
 SHUTDOWN_SECONDS = 3.0
 
@@ -290,6 +294,8 @@ class Publisher:
     where the run is about to wait (a status line before a tool or the model
     works, a pending card, the end), so a quick tool costs a few messages,
     not one per fragment. Content deltas go out at most every FLUSH_SECONDS.
+    A status line with nothing else to send waits STATUS_SECONDS: a model or
+    tool quicker than that sends its status together with its result.
     """
 
     def __init__(self, conversation: Conversation, run: Run) -> None:
@@ -304,6 +310,9 @@ class Publisher:
         self.urgent = False
         self.deltas: list[str] = []
         self.last_flush = 0.0
+        # The last flush, when it was delayed (a status line): its send and html.
+        self.later: Later | None = None
+        self.later_html = ""
 
     @property
     def stream_id(self) -> str:
@@ -313,21 +322,34 @@ class Publisher:
         """Queue ``html``; it leaves with the next flush."""
         self.pending.append(html)
 
-    def flush(self) -> None:
-        """Send what is queued (and the buffered deltas) as one message."""
+    def flush(self, *, delay: float = 0.0) -> None:
+        """Send what is queued (and the buffered deltas) as one message.
+
+        ``delay``: send it that much later, unless the next flush comes first
+        and takes it along (never when it holds a result: see ``urgent``).
+        """
         if self.deltas:
             if not self.stream_open:
                 self.stream_open = True
                 self.pending.append(render.stream_open(self.stream_id))
             self.pending.append(render.stream_delta(self.stream_id, "".join(self.deltas)))
             self.deltas.clear()
-        if self.pending:
-            html = "".join(self.pending)
-            self.pending.clear()
-            self.last_flush = time.monotonic()
-            message = {"type": "chat.fragment", "html": html}
-            self.outbox.group(self.group, message, wait=self.urgent)
-            self.urgent = False
+        if not self.pending:
+            return
+        html = "".join(self.pending)
+        self.pending.clear()
+        if self.later is not None:
+            if self.later.take_back():
+                html = self.later_html + html  # not sent yet: it goes first, in this one
+            self.later, self.later_html = None, ""
+        self.last_flush = time.monotonic()
+        message = {"type": "chat.fragment", "html": html}
+        if delay and not self.urgent:
+            self.later = self.outbox.group_later(self.group, message, delay)
+            self.later_html = html
+            return
+        self.outbox.group(self.group, message, wait=self.urgent)
+        self.urgent = False
 
     def event(self, event: events.Event) -> None:
         match event:
@@ -336,9 +358,12 @@ class Publisher:
                 if time.monotonic() - self.last_flush >= FLUSH_SECONDS:
                     self.flush()
             case events.Status(text=text):
-                # Something slow comes next (the model, a tool): show it now.
+                # Something that may be slow comes next (the model, a tool):
+                # show what came before now, and the status line alone only
+                # if that something is slow (else it goes with what follows).
+                alone = not self.pending and not self.deltas
                 self.send(render.run_status(text))
-                self.flush()
+                self.flush(delay=STATUS_SECONDS if alone else 0.0)
             case events.TurnSaved():
                 # Drop the streaming bubble, append the final message (a tab
                 # that reconnected mid-stream never had the bubble, and still

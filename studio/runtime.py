@@ -104,6 +104,33 @@ def release_connection() -> None:
         connection.close()
 
 
+class Later:
+    """A delayed send (``Outbox.group_later``): either taken back or sent, once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+
+    def take_back(self) -> bool:
+        """True if it was not sent and now never will be; False if it is on its way.
+
+        On its way means already in the outbox's queue: whatever the caller
+        sends next goes after it.
+        """
+        return self._finish()
+
+    def fire(self) -> bool:
+        """(The outbox, when the delay is up.) True if it is to be sent now."""
+        return self._finish()
+
+    def _finish(self) -> bool:
+        with self._lock:
+            if self._done:
+                return False
+            self._done = True
+            return True
+
+
 class Outbox:
     """Channel-layer sends from any thread, in order, without blocking the sender.
 
@@ -141,6 +168,38 @@ class Outbox:
         self._put(("group", group, message, done))
         with contextlib.suppress(Exception):
             done.result(timeout=10)
+
+    def group_later(self, group: str, message: dict, delay: float) -> Later:
+        """Send to a group in ``delay`` seconds, unless ``Later.take_back()`` comes first.
+
+        A run's status line ("Running python…") is worth a message only when
+        what it announces takes a while: a quick step takes it back and sends
+        it with its next fragments instead. With no server loop it is sent now.
+        """
+        later = Later()
+        item = ("group", group, message, None)
+        loop, q = self.loop, self._queue
+        if loop is None or q is None or loop.is_closed() or not loop.is_running():
+            later.fire()
+            self._put(item)
+            return later
+
+        def fire() -> None:
+            if later.fire():
+                q.put_nowait(item)
+
+        def arm() -> None:
+            loop.call_later(delay, fire)
+
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            arm()
+        else:
+            loop.call_soon_threadsafe(arm)
+        return later
 
     def channel(self, channel: str, message: dict) -> None:
         if channel:

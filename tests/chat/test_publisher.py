@@ -1,0 +1,155 @@
+"""A run's fragments: a status line alone waits, and goes with what follows when that is quick.
+
+The publisher and the runtime's outbox are the real ones, on a runtime
+started on the test's loop; a channel of the conversation's group (the
+process's real channel layer) receives what a tab would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+
+from chat import engine, render
+from chat.engine import Publisher
+from studio.runtime import replace_runtime, restore_runtime, runtime
+from tests.factories import make_conversation, make_run, make_user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BOUND = 10.0  # seconds: no receive here waits longer
+QUIET = 0.5  # seconds a tab is watched to show that nothing more came
+
+
+@pytest.fixture
+async def rt():
+    old = runtime()
+    fresh = replace_runtime()
+    await fresh.start()
+    yield fresh
+    await fresh.stop()
+    restore_runtime(old)
+
+
+@pytest.fixture
+async def tab(rt):
+    """A channel in a fresh conversation's group, and a publisher for a run of it."""
+
+    def make():
+        conversation = make_conversation(make_user())
+        return conversation, make_run(conversation)
+
+    conversation, run = await sync_to_async(make)()
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(conversation.group_name, channel)
+    publisher = await rt.off_loop(Publisher, conversation, run)
+    return Tab(rt, layer, channel, publisher, conversation.group_name)
+
+
+class Tab:
+    def __init__(self, rt, layer, channel, publisher, group) -> None:
+        self.rt, self.layer, self.channel = rt, layer, channel
+        self.publisher, self.group = publisher, group
+
+    async def next(self) -> str:
+        return (await asyncio.wait_for(self.layer.receive(self.channel), BOUND))["html"]
+
+    async def nothing_more(self) -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(self.layer.receive(self.channel), QUIET)
+
+    async def step(self, fn, *args, **kwargs):
+        """``fn`` on a worker thread, as a run's step calls the publisher."""
+        return await self.rt.off_loop(fn, *args, **kwargs)
+
+
+async def test_a_later_send_arrives_after_its_delay(tab):
+    later = await tab.step(tab.rt.outbox.group_later, tab.group, {"type": "t", "html": "a"}, 0.3)
+    with pytest.raises(TimeoutError):  # a timer never fires early
+        await asyncio.wait_for(tab.layer.receive(tab.channel), 0.1)
+    assert await tab.next() == "a"
+    assert not later.take_back()  # sent: too late to take it back
+
+
+async def test_a_later_send_taken_back_in_time_is_never_sent(tab):
+    later = await tab.step(tab.rt.outbox.group_later, tab.group, {"type": "t", "html": "a"}, 0.2)
+    assert later.take_back()
+    assert not later.take_back()  # once
+    await tab.nothing_more()
+
+
+async def test_a_quick_steps_status_goes_with_its_result_in_one_message(tab, monkeypatch):
+    monkeypatch.setattr(engine, "STATUS_SECONDS", 30.0)
+    publisher = tab.publisher
+    await tab.step(publisher.event, engine.events.Status("Running echo…"))
+    await tab.nothing_more()  # alone, it waits
+
+    await tab.step(publisher.send, "<p>result</p>")
+    await tab.step(publisher.flush)
+
+    assert await tab.next() == render.run_status("Running echo…") + "<p>result</p>"
+    await tab.nothing_more()  # taken back: not sent a second time
+
+
+async def test_a_slow_steps_status_is_shown_on_its_own_and_not_again(tab, monkeypatch):
+    monkeypatch.setattr(engine, "STATUS_SECONDS", 0.05)
+    publisher = tab.publisher
+    await tab.step(publisher.event, engine.events.Status("Running python…"))
+    assert await tab.next() == render.run_status("Running python…")
+
+    await tab.step(publisher.send, "<p>result</p>")
+    await tab.step(publisher.flush)
+    assert await tab.next() == "<p>result</p>"
+    await tab.nothing_more()
+
+
+async def test_a_status_after_other_fragments_goes_at_once_with_them(tab, monkeypatch):
+    monkeypatch.setattr(engine, "STATUS_SECONDS", 30.0)
+    publisher = tab.publisher
+    await tab.step(publisher.send, "<p>the model's turn</p>")
+    await tab.step(publisher.event, engine.events.Status("Running python…"))
+    assert await tab.next() == "<p>the model's turn</p>" + render.run_status("Running python…")
+
+
+async def test_a_status_never_holds_back_a_result(tab, monkeypatch):
+    """A result (``urgent``) leaves at once, with the status that follows it."""
+    monkeypatch.setattr(engine, "STATUS_SECONDS", 30.0)
+    publisher = tab.publisher
+    await tab.step(publisher.send, "<p>tool output</p>")
+    publisher.urgent = True
+    await tab.step(publisher.flush, delay=30.0)
+    assert await tab.next() == "<p>tool output</p>"
+    await tab.step(publisher.event, engine.events.Status("Thinking…"))
+    await tab.nothing_more()
+
+
+async def test_a_taken_back_or_sent_status_keeps_the_order_of_fragments(tab):
+    """The timer firing races the next flush: either one message holds both, or
+    the status arrives first. Never the status after what followed it, never twice."""
+    publisher = tab.publisher
+    seen = []
+    for i in range(60):
+
+        def status_then_result(i=i):
+            publisher.send(f"<s{i}>")
+            publisher.flush(delay=0.0005)  # the timer fires about when the flush below comes
+            time.sleep((i % 4) * 0.0004)
+            publisher.send(f"<r{i}>")
+            publisher.flush()
+
+        await asyncio.wait_for(tab.step(status_then_result), BOUND)
+        first = await tab.next()
+        if first == f"<s{i}><r{i}>":
+            seen.append("together")
+        else:
+            assert first == f"<s{i}>"
+            assert await tab.next() == f"<r{i}>"
+            seen.append("apart")
+    await tab.nothing_more()
+    assert len(seen) == 60
+
