@@ -6,8 +6,11 @@ message looks the same pushed over the socket or fetched with the page.
 
 from __future__ import annotations
 
+import functools
+
 from django.conf import settings
 from django.template.loader import render_to_string
+from django.urls import get_script_prefix
 from django.utils.html import escape
 
 from approvals.models import ToolApproval, ToolRule
@@ -112,11 +115,20 @@ def stream_drop(stream_id: str) -> str:
     return f'<div id="{stream_id}" hx-swap-oob="delete"></div>'
 
 
+# The run's status line and controls are sent several times per run, and
+# each depends on its arguments alone: rendered once (a template edited
+# under DEBUG shows after a restart).
+@functools.lru_cache(maxsize=256)
 def run_status(text: str) -> str:
     return render_to_string("chat/_run_status.html", {"text": text})
 
 
 def run_controls(*, running: bool, conversation_id: int) -> str:
+    return _run_controls(running, conversation_id, get_script_prefix())
+
+
+@functools.lru_cache(maxsize=1024)
+def _run_controls(running: bool, conversation_id: int, prefix: str) -> str:
     return render_to_string(
         "chat/_run_controls.html",
         {"running": running, "oob": True, "conversation_id": conversation_id},

@@ -153,3 +153,29 @@ async def test_a_taken_back_or_sent_status_keeps_the_order_of_fragments(tab):
     await tab.nothing_more()
     assert len(seen) == 60
 
+
+# -- the status line and the controls, rendered once per argument ---------------------------
+
+
+def test_the_status_line_is_escaped_and_rendered_once_per_text():
+    render.run_status.cache_clear()
+    first = render.run_status("Running <b>…")
+    assert "Running &lt;b&gt;…" in first and "<b>" not in first
+    assert render.run_status("Running <b>…") is first
+    assert render.run_status("") != first
+    assert render.run_status.cache_info().misses == 2
+
+
+def test_the_controls_follow_the_conversation_and_the_script_prefix():
+    from django.urls import set_script_prefix
+
+    stop = render.run_controls(running=True, conversation_id=7)
+    assert 'action="/c/7/stop/"' in stop and 'data-running="true"' in stop
+    assert 'action="/c/8/stop/"' in render.run_controls(running=True, conversation_id=8)
+    assert "stop-form" not in render.run_controls(running=False, conversation_id=7)
+    set_script_prefix("/studio/")
+    try:
+        assert 'action="/studio/c/7/stop/"' in render.run_controls(running=True, conversation_id=7)
+    finally:
+        set_script_prefix("/")
+    assert render.run_controls(running=True, conversation_id=7) == stop
