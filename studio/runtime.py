@@ -104,6 +104,14 @@ def release_connection() -> None:
         connection.close()
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, if any."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class Later:
     """A delayed send (``Outbox.group_later``): either taken back or sent, once."""
 
@@ -191,11 +199,7 @@ class Outbox:
         def arm() -> None:
             loop.call_later(delay, fire)
 
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
+        if _running_loop() is loop:
             arm()
         else:
             loop.call_soon_threadsafe(arm)
@@ -207,10 +211,7 @@ class Outbox:
 
     def _put(self, item: tuple) -> None:
         loop, q = self.loop, self._queue
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
+        running = _running_loop()
         if loop is None or q is None or loop.is_closed() or not loop.is_running():
             deliver = async_to_sync(self._deliver)
             if running is None:
