@@ -310,9 +310,8 @@ class Publisher:
         self.urgent = False
         self.deltas: list[str] = []
         self.last_flush = 0.0
-        # The last flush, when it was delayed (a status line): its send and html.
+        # The last flush, when it was delayed (a status line).
         self.later: Later | None = None
-        self.later_html = ""
 
     @property
     def stream_id(self) -> str:
@@ -340,13 +339,12 @@ class Publisher:
         self.pending.clear()
         if self.later is not None:
             if self.later.take_back():
-                html = self.later_html + html  # not sent yet: it goes first, in this one
-            self.later, self.later_html = None, ""
+                html = self.later.message["html"] + html  # not sent yet: it goes first, in this one
+            self.later = None
         self.last_flush = time.monotonic()
         message = {"type": "chat.fragment", "html": html}
         if delay and not self.urgent:
             self.later = self.outbox.group_later(self.group, message, delay)
-            self.later_html = html
             return
         self.outbox.group(self.group, message, wait=self.urgent)
         self.urgent = False

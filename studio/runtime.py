@@ -115,7 +115,8 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 class Later:
     """A delayed send (``Outbox.group_later``): either taken back or sent, once."""
 
-    def __init__(self) -> None:
+    def __init__(self, message: dict) -> None:
+        self.message = message
         self._lock = threading.Lock()
         self._done = False
 
@@ -184,7 +185,7 @@ class Outbox:
         what it announces takes a while: a quick step takes it back and sends
         it with its next fragments instead. With no server loop it is sent now.
         """
-        later = Later()
+        later = Later(message)
         item = ("group", group, message, None)
         loop, q = self.loop, self._queue
         if loop is None or q is None or loop.is_closed() or not loop.is_running():
