@@ -32,6 +32,8 @@ from websockets.sync.client import connect
 from deploy.cluster import DaphneProcess
 
 PHASES = ("launch", "POST", "result", "tail", "POST alone")
+# Each phase: between which of an approval's marks (see main).
+SPANS = ((0, 1), (1, 2), (2, 3), (3, 4), (5, 6))
 
 
 def main() -> None:
@@ -86,8 +88,7 @@ def main() -> None:
             assert alone.status_code == 200, alone.text
             if i < args.warmup:
                 continue
-            spans = [(0, 1), (1, 2), (2, 3), (3, 4), (5, 6)]
-            for phase, (a, b) in zip(PHASES, spans, strict=True):
+            for phase, (a, b) in zip(PHASES, SPANS, strict=True):
                 wall[phase].append(marks[b][0] - marks[a][0])
                 cpu[phase] += marks[b][1] - marks[a][1]
     finally:
