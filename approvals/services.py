@@ -46,7 +46,7 @@ from approvals.models import (
 from approvals.notify import REVIEWERS_GROUP, member_group
 from approvals.patterns import glob_escape
 from studio.cancel import CancelToken
-from studio.orm import update_where
+from studio.orm import create_row, update_where
 from studio.runtime import runtime
 from studio.text import strip_nul, strip_nul_json
 
@@ -258,7 +258,8 @@ def approval_request(
     the slot already exists, so even an instant decision finds it.
     """
     rt = runtime()
-    approval = ToolApproval.objects.create(
+    approval = create_row(
+        ToolApproval,
         conversation=conversation,
         tool_name=tool_name,
         arguments=arguments,
@@ -293,7 +294,8 @@ def approval_record_auto(
 ) -> ToolApproval:
     """Record a call the rules let run, or blocked, without asking: still audited."""
     now = timezone.now()
-    return ToolApproval.objects.create(
+    return create_row(
+        ToolApproval,
         conversation=conversation,
         tool_name=tool_name,
         arguments=arguments,

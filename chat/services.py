@@ -16,7 +16,7 @@ from approvals.notify import member_group
 from approvals.services import approvals_end, rule_revoke
 from chat.models import Conversation, Message, Run
 from chat.tools import builtin_tools
-from studio.orm import update_where
+from studio.orm import create_row, update_where
 from studio.runtime import runtime
 from studio.sessions import session_digest
 
@@ -127,11 +127,15 @@ def run_create(
     for attempt in range(2):
         try:
             with transaction.atomic():
-                run = Run.objects.create(
-                    id=run_id, conversation=conversation, started_by=user, inbox=inbox
+                run = create_row(
+                    Run, id=run_id, conversation=conversation, started_by=user, inbox=inbox
                 )
-                Message.objects.create(
-                    conversation=conversation, run=run, role=Message.Role.USER, content=text
+                create_row(
+                    Message,
+                    conversation=conversation,
+                    run=run,
+                    role=Message.Role.USER,
+                    content=text,
                 )
                 if conversation.title == "New chat":
                     conversation.title = _title_from(text)

@@ -1,4 +1,4 @@
-"""studio.orm.PreparedGet: the ORM's row, without compiling its SQL each time."""
+"""studio.orm: the ORM's reads, updates and inserts, without compiling their SQL each time."""
 
 from __future__ import annotations
 
@@ -6,14 +6,15 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import F
+from django.db.models.signals import post_save, pre_save
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from approvals.models import ToolApproval
-from chat.models import Conversation
-from studio.orm import PreparedGet, update_where
+from approvals.models import ToolApproval, arguments_hash
+from chat.models import Conversation, Message, Run
+from studio.orm import PreparedGet, create_row, update_where
 from tests.factories import make_approval
 
 pytestmark = [pytest.mark.anydb, pytest.mark.django_db(transaction=True)]
@@ -186,3 +187,96 @@ def test_update_where_refuses_what_it_does_not_handle(conversation):
         with pytest.raises(error):
             update_where(ToolApproval, where=where, values=values_)
     assert ToolApproval.objects.get(pk=approval.pk).note == ""
+
+
+# --- create_row ---------------------------------------------------------------------------
+
+
+def created_both_ways(model, **fields):
+    """The same row created by the ORM and by create_row: (ours, theirs), as read back."""
+    ours = create_row(model, **fields)
+    theirs = model.objects.create(**fields)
+    return ours, model.objects.get(pk=ours.pk), model.objects.get(pk=theirs.pk)
+
+
+def test_create_row_writes_what_the_orms_create_writes(conversation, bob):
+    # An auto id read back, defaults (a new approval id), JSON, a user, a float.
+    arguments = {"code": "print('é')", "n": [1, 2.5, None]}
+    made, ours, theirs = created_both_ways(
+        ToolApproval,
+        conversation=conversation,
+        tool_name="python",
+        arguments=arguments,
+        arguments_sha256=arguments_hash(arguments),
+        requested_by=bob,
+        run_id="run-1",
+        tool_hints=["reads"],
+        tool_schema={"type": "object"},
+        decision_seconds=0.5,
+    )
+    skip = {"id", "approval_id", "requested_at"}
+    assert {k: v for k, v in values(ours).items() if k not in skip} == {
+        k: v for k, v in values(theirs).items() if k not in skip
+    }
+    assert values(made) == values(ours), "the object is what the row holds"
+    assert ours.approval_id and ours.approval_id != theirs.approval_id
+    assert made._state.db == "default" and not made._state.adding
+    assert made.conversation is conversation and made.requested_at.tzinfo is not None
+
+
+def test_create_row_gives_back_the_generated_id_and_the_times(conversation):
+    made, ours, theirs = created_both_ways(
+        Message, conversation=conversation, role=Message.Role.TOOL, content="x", tool_calls=[]
+    )
+    assert isinstance(made.pk, int) and made.pk != theirs.pk
+    assert made.created_at == ours.created_at and values(made) == values(ours)
+    assert list(Message.objects.filter(conversation=conversation)) == [ours, theirs]
+    made.content = "saved through the ORM as usual"
+    made.save(update_fields=["content"])
+    assert Message.objects.get(pk=made.pk).content == "saved through the ORM as usual"
+
+
+def test_create_row_keeps_a_key_it_is_given_or_makes_one(conversation, alice):
+    # Run: a UUID key with a default, nothing read back.
+    done = Run.Status.DONE
+    made = create_row(Run, conversation=conversation, started_by=alice, inbox="here", status=done)
+    assert values(Run.objects.get(pk=made.pk)) == values(made)
+    given = create_row(Run, id=made.pk.hex[::-1], conversation=conversation, status=done)
+    assert Run.objects.filter(pk=given.pk).exists()
+
+
+def test_create_row_sends_the_save_signals(conversation):
+    seen = []
+
+    def pre(sender, instance, **kwargs):
+        seen.append(("pre", sender, instance.pk, kwargs["raw"]))
+
+    def post(sender, instance, created, **kwargs):
+        seen.append(("post", sender, instance.pk, created))
+
+    pre_save.connect(pre, sender=Message)
+    post_save.connect(post, sender=Message)
+    try:
+        made = create_row(Message, conversation=conversation, role=Message.Role.USER)
+    finally:
+        pre_save.disconnect(pre, sender=Message)
+        post_save.disconnect(post, sender=Message)
+    assert seen == [("pre", Message, None, False), ("post", Message, made.pk, True)]
+
+
+def test_create_row_rolls_back_with_its_transaction(conversation):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        create_row(Message, conversation=conversation, role=Message.Role.USER)
+        raise RuntimeError
+    assert not Message.objects.exists()
+
+
+def test_create_row_fails_as_the_orm_fails(conversation):
+    approval = make_approval(conversation)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        create_row(ToolApproval, approval_id=approval.approval_id, conversation=conversation)
+    with pytest.raises(ValueError, match="unsaved related object"):
+        create_row(Message, conversation=Conversation(owner=conversation.owner))
+    with pytest.raises(TypeError, match="plain values"):
+        create_row(Message, conversation=conversation, content=F("role"))
+    assert list(ToolApproval.objects.all()) == [approval] and not Message.objects.exists()
