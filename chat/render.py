@@ -44,7 +44,11 @@ def tool_block(block: ToolBlock) -> str:
 def tool_started(event: events.ToolStarted) -> str:
     approval = None
     if event.approval_id:
-        approval = ToolApproval.objects.get(approval_id=event.approval_id)
+        # Read again, with its conversation (the card's rights need its owner):
+        # a decision may already have come.
+        approval = ToolApproval.objects.by_approval_id(event.approval_id)
+        if approval is None:
+            raise ToolApproval.DoesNotExist(f"no approval {event.approval_id}")
     return _block(event, approval=approval)
 
 

@@ -14,10 +14,11 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
-from chat import engine, render
+from approvals.models import ToolApproval
+from chat import engine, events, render
 from chat.engine import Publisher
 from studio.runtime import replace_runtime, restore_runtime, runtime
-from tests.factories import make_conversation, make_run, make_user
+from tests.factories import make_approval, make_conversation, make_run, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -179,3 +180,36 @@ def test_the_controls_follow_the_conversation_and_the_script_prefix():
     finally:
         set_script_prefix("/")
     assert render.run_controls(running=True, conversation_id=7) == stop
+
+
+# -- an announced call's card ---------------------------------------------------------------
+
+
+def started(approval) -> events.ToolStarted:
+    call = events.CallView("call_1", approval.tool_name, approval.arguments)
+    return events.ToolStarted(
+        message_id=1, call=call, approval_id=approval.approval_id, awaiting=True
+    )
+
+
+def test_an_announced_card_is_the_row_as_it_is_now_read_in_one_query():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    conversation = make_conversation(make_user())
+    approval = make_approval(conversation)
+    with CaptureQueriesContext(connection) as queries:
+        pending = render.tool_started(started(approval))
+    assert 'data-status="pending"' in pending and 'value="allow"' in pending
+    assert len(queries) == 1, "the row comes with its conversation"
+    # Decided before its card went out (another tab was quicker): the card says so.
+    ToolApproval.objects.filter(pk=approval.pk).update(status=ToolApproval.Status.DENIED)
+    decided = render.tool_started(started(approval))
+    assert 'data-status="denied"' in decided and 'value="allow"' not in decided
+
+
+def test_an_announced_card_whose_row_is_gone_is_an_error():
+    approval = make_approval(make_conversation(make_user()))
+    ToolApproval.objects.filter(pk=approval.pk).delete()
+    with pytest.raises(ToolApproval.DoesNotExist):
+        render.tool_started(started(approval))
