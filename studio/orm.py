@@ -156,7 +156,7 @@ def create_row(model: type[M], /, using: str = DEFAULT_DB_ALIAS, **values: Any) 
             row = connection.ops.fetch_returned_insert_columns(cursor, returning_params)
         else:  # an auto field, read back as the ORM does without RETURNING
             row = (connection.ops.last_insert_id(cursor, meta.db_table, returning[0].column),)
-    if converters and returning:
+    if converters:
         row = next(iter(compiler.apply_converters([row], converters)))
     for value, field in zip(row, returning, strict=True):
         setattr(obj, field.attname, value)
