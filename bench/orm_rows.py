@@ -86,7 +86,9 @@ def main() -> None:
     conversation = harness.make_conversation(user)
     print(f"{args.database.split(':')[0]}: {args.calls} calls x {args.rounds} rounds, medians")
     for name, (orm, ours) in pairs(user, conversation).items():
-        per_call(orm, 20), per_call(ours, 20)  # compiled and cached before timing
+        # Compiled and cached before timing.
+        per_call(orm, 20)
+        per_call(ours, 20)
         times: dict = {orm: [], ours: []}
         for r in range(args.rounds):
             for fn in (orm, ours) if r % 2 == 0 else (ours, orm):

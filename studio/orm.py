@@ -142,12 +142,10 @@ def create_row(model: type[M], /, using: str = DEFAULT_DB_ALIAS, **values: Any) 
     plan = _plan(connection, (model, "insert", pk_set), lambda: _insert_plan(model, pk_set, using))
     compiler, sql, fields, returning, returning_params, converters = plan
     pre_save.send(sender=model, instance=obj, raw=False, using=using, update_fields=None)
-    params = []
-    for field in fields:
-        value = field.pre_save(obj, add=True)
-        if hasattr(value, "resolve_expression"):
-            raise TypeError(f"create_row takes plain values, not {value!r}")
-        params.append(field.get_db_prep_save(value, connection=connection))
+    params = [
+        field.get_db_prep_save(_saved(field, field.pre_save(obj, add=True)), connection)
+        for field in fields
+    ]
     with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
         cursor.execute(sql, params)
         if not returning:
@@ -212,7 +210,7 @@ def _plan(connection, key: object, make: Callable[[], tuple]) -> tuple:
 
 def _saved(field, value):
     if hasattr(value, "resolve_expression"):
-        raise TypeError(f"update_where takes plain values, not {value!r}")
+        raise TypeError(f"studio.orm takes plain values, not expressions such as {value!r}")
     if hasattr(value, "prepare_database_save"):
         return value.prepare_database_save(field)  # a model instance: its key
     return value
