@@ -98,3 +98,29 @@ def test_a_rolled_back_block_lets_the_next_writer_in(lock):
     writer.join(BOUND)
     assert "error" not in outcome
     assert list(get_user_model().objects.values_list("username", flat=True)) == ["next"]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT %s, %s",
+        "SELECT '100%%', %s",
+        "SELECT %s WHERE 'a%%sb' LIKE %s",
+        "SELECT 1",
+    ],
+)
+def test_statements_are_converted_to_qmark_style_as_django_converts_them(sql):
+    from django.db.backends.sqlite3.base import SQLiteCursorWrapper as Django
+
+    with connection.cursor() as cursor:
+        ours = cursor.cursor.convert_query(sql)
+        assert ours == Django.convert_query(cursor.cursor, sql)
+        assert cursor.cursor.convert_query(sql) is ours  # converted once
+        # Named ("pyformat") parameters stay Django's own.
+        assert cursor.cursor.convert_query("SELECT %(a)s", param_names=["a"]) == "SELECT :a"
+
+
+def test_a_literal_percent_and_parameters_reach_sqlite_intact():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT '100%%', %s, %s", ["a%sb", 7])
+        assert cursor.fetchone() == ("100%", "a%sb", 7)
