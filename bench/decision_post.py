@@ -40,11 +40,10 @@ def member_posts(app: str, session: str, paths: list[str], warmup: int) -> list[
     server = DaphneProcess(env=harness.server_env(), app=app).start()
     latencies = []
     with httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10) as http:
-        http.get("/")
-        headers = {"X-CSRFToken": http.cookies["csrftoken"], "Accept": "application/json"}
+        post = harness.member_post(http)
         for i, path in enumerate(paths):
             t0 = time.perf_counter()
-            response = http.post(path, data={"decision": "allow"}, headers=headers)
+            response = post(path)
             elapsed = time.perf_counter() - t0
             assert response.status_code == 200, response.text
             if i >= warmup:
