@@ -124,11 +124,17 @@ def main() -> None:
                     .post(
                         f"/approvals/{approval_id}/decide/",
                         data={"decision": "allow"},
-                        headers={"X-CSRFToken": csrf, "Accept": "application/json"},
+                        headers=decision_headers,
                     )
                     .status_code
                 )
 
+            # The cookies as a header, not in httpx's jar (see harness.member_post).
+            decision_headers = {
+                "Cookie": f"sessionid={session}; csrftoken={csrf}",
+                "X-CSRFToken": csrf,
+                "Accept": "application/json",
+            }
             clients = {}
 
             def http_pool_client():
@@ -136,11 +142,7 @@ def main() -> None:
 
                 key = threading.get_ident()
                 if key not in clients:
-                    clients[key] = httpx.Client(
-                        base_url=server.url,
-                        cookies={"sessionid": session, "csrftoken": csrf},
-                        timeout=60,
-                    )
+                    clients[key] = httpx.Client(base_url=server.url, timeout=60)
                 return clients[key]
 
             with ThreadPoolExecutor(args.clients) as pool:
