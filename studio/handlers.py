@@ -8,12 +8,16 @@ same middleware, in the same order, with the same sessions, CSRF checks and
 login requirement, as one synchronous call on ``runtime().http_pool``, the
 way a threaded WSGI server would; only reading the body and writing the
 response stay on the loop.
+
+``daphne_skips_form_parsing`` takes one more step off the loop for every
+form POST (see there).
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from daphne import http_protocol
 from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers import base
@@ -59,3 +63,25 @@ class OneHopASGIHandler(ASGIHandler):
             # database (request_finished gives its connection back).
             response.close()
         return response
+
+
+class _WebRequest(http_protocol.WebRequest):
+    """Daphne's request, without Twisted's parse of a form POST's body."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, parsePOSTFormSubmission=False, **kwargs)
+
+
+def daphne_skips_form_parsing() -> None:
+    """Serve HTTP with requests that leave a form POST's body to the application.
+
+    Twisted parses every form POST into ``request.args``, its Content-Type
+    through the ``email`` package, before daphne hands the raw body to the
+    ASGI application (Django parses it again); daphne never reads ``args``.
+    That parse is about 0.03 ms of event-loop time per decision POST in one
+    process, more beside busy threads. Twisted's ``Request`` takes
+    ``parsePOSTFormSubmission=False`` for this; daphne builds its requests
+    from its module's ``WebRequest`` for each connection, with no option, so
+    that name is pointed at a subclass that passes it.
+    """
+    http_protocol.WebRequest = _WebRequest
