@@ -6,7 +6,7 @@ cookie; the peers' carry none. This POSTs to the bare ASGI peer (whose
 answer costs next to nothing), in alternating rounds, three ways: no cookies
 (as the peers' clients), the two cookies in httpx's cookie jar (Python's
 ``http.cookiejar``), and the same two cookies as a plain ``Cookie`` header
-(as ``harness.member_post`` sends them).
+(as ``harness.member_headers`` puts them).
 
     .venv/bin/python bench/client_cost.py --posts 1000 --rounds 4
 """
@@ -23,16 +23,16 @@ import httpx
 from deploy.cluster import DaphneProcess
 
 SESSION, CSRF = "s" * 32, "c" * 32
-HEADERS = {"X-CSRFToken": CSRF, "Accept": "application/json"}
 
 
 def clients(url: str) -> dict[str, tuple[httpx.Client, dict]]:
+    headers = harness.member_headers(SESSION, CSRF)
     jar = httpx.Client(base_url=url, cookies={"sessionid": SESSION, "csrftoken": CSRF})
-    cookie = {"Cookie": f"sessionid={SESSION}; csrftoken={CSRF}"}
+    without_cookie = {name: value for name, value in headers.items() if name != "Cookie"}
     return {
         "no cookies (the peers)": (httpx.Client(base_url=url), {}),
-        "cookie jar": (jar, HEADERS),
-        "Cookie header (member_post)": (httpx.Client(base_url=url), {**HEADERS, **cookie}),
+        "cookie jar": (jar, without_cookie),
+        "Cookie header (member_post)": (httpx.Client(base_url=url), headers),
     }
 
 

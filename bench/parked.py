@@ -129,12 +129,7 @@ def main() -> None:
                     .status_code
                 )
 
-            # The cookies as a header, not in httpx's jar (see harness.member_post).
-            decision_headers = {
-                "Cookie": f"sessionid={session}; csrftoken={csrf}",
-                "X-CSRFToken": csrf,
-                "Accept": "application/json",
-            }
+            decision_headers = harness.member_headers(session, csrf)
             clients = {}
 
             def http_pool_client():
