@@ -20,6 +20,11 @@ tool's output record and the run's end: a plain ``UPDATE … SET … WHERE`` on 
 its SQL built once per shape from the fields' columns (the ORM's update took
 0.4 ms per decision here, this 0.13 ms), each value converted by its field.
 
+``PreparedCount`` counts (or finds any of) a queryset's rows for one value
+the same way: the header count of waiting approvals that every page of a
+member counts again after each change took 0.42 ms through the ORM, 0.03 ms
+so, almost all of it compiling.
+
 ``create_row`` is ``Model.objects.create`` for the rows every run writes (its
 messages, its approvals): Django's own insert compiler builds the SQL once
 per model and connection, and each call only converts the values, executes
@@ -28,6 +33,7 @@ and reads back what the database generated.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -89,6 +95,65 @@ class PreparedGet:
         populators = get_related_populators(klass_info, select, using)
         converters = compiler.get_converters([column[0] for column in select[: compiler.col_count]])
         return (compiler, sql, klass_info["model"], start, end, init_list, populators, converters)
+
+
+class PreparedCount:
+    """``build(value).count()`` and ``.exists()``, compiled once per connection.
+
+    ``build`` returns a queryset in which ``value`` is the only parameter
+    that changes from call to call (it may stand in several places); every
+    other parameter is a constant of the query. It is compiled twice, with
+    each of ``samples`` (two different values of the value's type, equal to
+    no constant), and the SQL must come out the same: the parameters that
+    differ are the value's places. Each call then runs ``SELECT COUNT(*)``
+    (or ``SELECT 1 … LIMIT 1``) over that SQL with the value put in them.
+    Like ``PreparedGet``, the value is sent as given, already of its type.
+    """
+
+    def __init__(self, build: Callable[[Any], QuerySet], *, samples: tuple[object, object]):
+        if samples[0] == samples[1]:
+            raise ValueError("the two samples must differ")
+        self.build = build
+        self.samples = samples
+
+    def count(self, value: object, *, using: str = DEFAULT_DB_ALIAS) -> int:
+        with self._cursor("count", value, using) as cursor:
+            return cursor.fetchone()[0]
+
+    def exists(self, value: object, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+        with self._cursor("exists", value, using) as cursor:
+            return cursor.fetchone() is not None
+
+    @contextlib.contextmanager
+    def _cursor(self, kind: str, value: object, using: str):
+        connection = connections[using]
+        sql, constants, places = _plan(
+            connection, (self, kind), lambda: self._compile(kind, connection, using)
+        )
+        params = list(constants)
+        for place in places:
+            params[place] = value
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            yield cursor
+
+    def _compile(self, kind: str, connection, using: str) -> tuple:
+        compiled = []
+        for sample in self.samples:
+            query = self.build(sample).order_by().values("pk").query
+            compiled.append(query.get_compiler(using).as_sql())
+        (sql, params), (other_sql, other_params) = compiled
+        places = [i for i, (a, b) in enumerate(zip(params, other_params, strict=True)) if a != b]
+        first = self.samples[0]
+        expected = [i for i, p in enumerate(params) if type(p) is type(first) and p == first]
+        if sql != other_sql or not places or places != expected:
+            raise ValueError("the query's SQL must depend on the value through parameters only")
+        name = connection.ops.quote_name("counted")
+        if kind == "count":
+            sql = f"SELECT COUNT(*) FROM ({sql}) {name}"  # noqa: S608 - Django's own SQL
+        else:
+            sql = f"SELECT 1 FROM ({sql}) {name} LIMIT 1"  # noqa: S608 - Django's own SQL
+        return sql, tuple(params), places
 
 
 def update_where(

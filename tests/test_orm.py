@@ -7,15 +7,15 @@ from datetime import timedelta
 
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.signals import post_save, pre_save
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import ToolApproval, arguments_hash
 from chat.models import Conversation, Message, Run
-from studio.orm import PreparedGet, create_row, update_where
-from tests.factories import make_approval
+from studio.orm import PreparedCount, PreparedGet, create_row, update_where
+from tests.factories import make_approval, make_conversation, make_user
 
 pytestmark = [pytest.mark.anydb, pytest.mark.django_db(transaction=True)]
 
@@ -123,6 +123,71 @@ def test_an_integer_key_is_compiled_with_a_sample_of_its_type(alice, bob):
     by_pk = PreparedGet(lambda pk: type(alice).objects.filter(pk=pk).order_by(), sample=0)
     assert values(by_pk.get(bob.pk)) == values(type(bob).objects.get(pk=bob.pk))
     assert by_pk.get(10**9) is None
+
+
+SAMPLES = (-2_000_000_001, -2_000_000_002)
+
+
+def waiting_for(user_pk: int, reviewer: bool):
+    """A query with the value in two places and constants beside it (as the inbox's)."""
+    mine = Q(conversation__owner_id=user_pk)
+    if reviewer:
+        mine |= Q(needs_review=True) & ~Q(requested_by_id=user_pk)
+    return ToolApproval.objects.filter(status=ToolApproval.Status.PENDING).filter(mine)
+
+
+def test_a_count_and_an_exists_equal_the_orms(conversation, alice, bob):
+    theirs = make_conversation(bob)
+    make_approval(conversation)
+    make_approval(conversation, needs_review=True)
+    make_approval(conversation, status=ToolApproval.Status.ALLOWED)
+    make_approval(theirs, needs_review=True)
+    make_approval(theirs, needs_review=True, requested_by=alice)
+    make_approval(theirs)
+    carol = make_user("carol")
+    for reviewer in (False, True):
+        prepared = PreparedCount(lambda pk, r=reviewer: waiting_for(pk, r), samples=SAMPLES)
+        for user in (alice, bob, carol):
+            want = waiting_for(user.pk, reviewer)
+            assert prepared.count(user.pk) == want.count(), (reviewer, user)
+            assert prepared.exists(user.pk) == want.exists(), (reviewer, user)
+    # The cases differ, so the comparison can fail. As a reviewer: alice her
+    # two and bob's own review card (not the one she asked for), bob his three
+    # and alice's review card, carol the three review cards.
+    reviewing = PreparedCount(lambda pk: waiting_for(pk, True), samples=SAMPLES)
+    assert [reviewing.count(u.pk) for u in (alice, bob, carol)] == [3, 4, 3]
+    member = PreparedCount(lambda pk: waiting_for(pk, False), samples=SAMPLES)
+    assert [member.count(u.pk) for u in (alice, bob, carol)] == [2, 3, 0]
+
+
+def test_a_count_is_compiled_once_per_connection(conversation, alice):
+    make_approval(conversation)
+    builds = []
+
+    def build(pk):
+        builds.append(pk)
+        return waiting_for(pk, True)
+
+    prepared = PreparedCount(build, samples=SAMPLES)
+    with CaptureQueriesContext(connection) as queries:
+        assert [prepared.count(alice.pk) for _ in range(3)] == [1, 1, 1]
+        assert prepared.exists(alice.pk)
+    assert len(queries) == 4 and "COUNT(*)" in queries[0]["sql"]
+    assert builds == [*SAMPLES, *SAMPLES], "twice for the count, twice for exists, never again"
+
+
+def test_a_query_whose_sql_depends_on_the_value_is_refused(conversation):
+    make_approval(conversation)
+    shapes = PreparedCount(
+        lambda pk: ToolApproval.objects.filter(Q(pk=pk) if pk % 2 else Q(pk__gte=pk)),
+        samples=SAMPLES,
+    )
+    constant = PreparedCount(lambda pk: ToolApproval.objects.filter(pk=5), samples=SAMPLES)
+    for prepared in (shapes, constant):
+        with pytest.raises(ValueError, match="parameters only"):
+            prepared.count(1)
+    with pytest.raises(ValueError, match="must differ"):
+        PreparedCount(lambda pk: waiting_for(pk, False), samples=(1, 1))
 
 
 def test_update_where_writes_what_the_orms_update_writes(conversation, bob):
