@@ -183,7 +183,10 @@ class Outbox:
 
         A run's status line ("Running python…") is worth a message only when
         what it announces takes a while: a quick step takes it back and sends
-        it with its next fragments instead. With no server loop it is sent now.
+        it with its next fragments instead. A message nobody takes back just
+        steps aside for what is sent meanwhile (the inboxes' change notices,
+        see ``approvals.services.inbox_broadcast``). With no server loop it
+        is sent now.
         """
         later = Later(message)
         item = ("group", group, message, None)
