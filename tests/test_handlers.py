@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -45,3 +48,19 @@ def test_a_form_body_reaches_the_application_whole_and_unparsed(request_class, a
     request = received(request_class)
     assert request.args == args
     assert request.content.read() == BODY  # what daphne sends the application
+
+
+def test_serving_studio_leaves_its_startup_objects_out_of_full_collections():
+    # A fresh process: what importing the entry point alone does.
+    probe = "import gc, studio.asgi; print(gc.get_freeze_count(), len(gc.get_objects()))"
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "studio.settings"},
+        check=True,
+    )
+    frozen, tracked = map(int, done.stdout.split())
+    assert frozen > 50_000  # Django, the apps and the libraries
+    assert tracked < frozen / 10  # what a full collection still walks
