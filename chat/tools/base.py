@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from jsonschema import Draft202012Validator
@@ -84,14 +85,19 @@ class Tool:
         if not isinstance(arguments, dict):
             return "arguments must be a JSON object"
         try:
-            validator = Draft202012Validator(self.parameters)
-            error = next(iter(sorted(validator.iter_errors(arguments), key=str)), None)
+            error = next(iter(sorted(self._validator.iter_errors(arguments), key=str)), None)
         except SchemaError as exc:
             return f"the tool's own schema is invalid: {exc.message}"
         if error is None:
             return None
         where = "/".join(str(p) for p in error.absolute_path)
         return f"{error.message}" + (f" (at '{where}')" if where else "")
+
+    @cached_property
+    def _validator(self) -> Draft202012Validator:
+        # Built once per tool: a call is checked when it is planned and again
+        # when it runs (the arguments may have been edited in between).
+        return Draft202012Validator(self.parameters)
 
     def execute(
         self, arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path
