@@ -284,10 +284,13 @@ class RuleQuerySet(models.QuerySet):
 
     def applying_to(self, conversation) -> RuleQuerySet:
         """Rules for everyone, for the conversation's member, and for the conversation."""
+        return self.applying_in(conversation.owner_id, conversation.pk)
+
+    def applying_in(self, owner_id: int, conversation_id: int) -> RuleQuerySet:
         return self.active().filter(
             Q(scope=ToolRule.Scope.EVERYONE)
-            | Q(scope=ToolRule.Scope.MEMBER, member_id=conversation.owner_id)
-            | Q(scope=ToolRule.Scope.CONVERSATION, conversation_id=conversation.pk)
+            | Q(scope=ToolRule.Scope.MEMBER, member_id=owner_id)
+            | Q(scope=ToolRule.Scope.CONVERSATION, conversation_id=conversation_id)
         )
 
 

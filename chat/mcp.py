@@ -18,6 +18,7 @@ from django.utils import timezone
 from chat.models import McpServer, parse_pairs
 from chat.tools.base import Tool
 from chat.tools.mcp import McpHub, McpUnavailable, RemoteTool, Report, ServerSpec, remote_tool
+from studio.orm import PreparedRows
 from studio.runtime import Runtime, runtime
 
 logger = logging.getLogger(__name__)
@@ -87,17 +88,23 @@ def server_tools(server: McpServer, *, connect: bool) -> list[Tool]:
     ]
 
 
-def never_reached() -> bool:
-    """Some enabled server has not been connected to yet (by any process)."""
-    return McpServer.objects.filter(
-        enabled=True, last_connected_at__isnull=True, last_error_at__isnull=True
-    ).exists()
+# Read at the start of every run: compiled once (see studio.orm).
+_ENABLED = PreparedRows(lambda: McpServer.objects.filter(enabled=True))
 
 
-def mcp_tools(*, connect: bool = False) -> dict[str, Tool]:
-    """Every enabled server's tools, by the name the model uses."""
+def enabled_servers() -> list[McpServer]:
+    return _ENABLED.all()
+
+
+def never_reached(servers: list[McpServer]) -> bool:
+    """Some of ``servers`` had not been connected to (by any process) when they were read."""
+    return any(s.last_connected_at is None and s.last_error_at is None for s in servers)
+
+
+def mcp_tools(*, connect: bool = False, servers: list[McpServer] | None = None) -> dict[str, Tool]:
+    """Every enabled server's tools (of ``servers`` if given), by the name the model uses."""
     tools: dict[str, Tool] = {}
-    for server in McpServer.objects.filter(enabled=True):
+    for server in enabled_servers() if servers is None else servers:
         for tool in server_tools(server, connect=connect):
             tools[tool.name] = tool
     return tools

@@ -34,11 +34,12 @@ def toolbox_for(
     conversation: Conversation, *, enabled: list[str] | None = None, connect: bool = False
 ) -> Toolbox:
     """The tools of a run in ``conversation`` (``connect``: open MCP sessions not yet open)."""
-    from chat.mcp import mcp_tools, never_reached
+    from chat.mcp import enabled_servers, mcp_tools, never_reached
 
     builtins = builtin_tools()
-    learned = connect and never_reached()
-    remote = mcp_tools(connect=connect)
+    servers = enabled_servers()
+    learned = connect and never_reached(servers)
+    remote = mcp_tools(connect=connect, servers=servers)
     tools = {**builtins, **remote}
     if enabled is None:
         enabled = [name for name in conversation.enabled_tools if name in builtins]

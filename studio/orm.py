@@ -66,35 +66,110 @@ class PreparedGet:
 
     def get(self, value: object, *, using: str = DEFAULT_DB_ALIAS) -> Model | None:
         connection = connections[using]
-        plan = _plan(connection, self, lambda: self._compile(using))
-        compiler, sql, model, start, end, init_list, populators, converters = plan
+        sql, layout = _plan(connection, self, lambda: self._compile(using))
         with connection.cursor() as cursor:
             cursor.execute(sql, [value])
             rows: Any = cursor.fetchmany(2)
         if len(rows) > 1:
-            raise model.MultipleObjectsReturned(f"{len(rows)}+ rows for {value!r}")
-        if converters:
-            rows = list(compiler.apply_converters(rows, converters))
-        for row in rows:
-            obj = model.from_db(using, init_list, row[start:end])
-            for populator in populators:
-                populator.populate(row, obj)
-            return obj
-        return None
+            raise layout.model.MultipleObjectsReturned(f"{len(rows)}+ rows for {value!r}")
+        objs = layout.objects(rows)
+        return objs[0] if objs else None
 
     def _compile(self, using: str) -> tuple:
-        queryset = self.build(self.sample)
-        compiler = queryset.query.get_compiler(using)
+        compiler = self.build(self.sample).query.get_compiler(using)
         sql, params = compiler.as_sql()
         if list(params) != [self.sample]:
             raise ValueError(f"the query must take exactly one parameter, the value: {params!r}")
+        return sql, _RowLayout(compiler, using)
+
+
+_VALUES_AS_PARAMETERS = "the query's SQL must depend on the values through parameters only"
+
+
+class PreparedRows:
+    """``list(build(*values))``, compiled once per connection.
+
+    For the reads every gated call makes (the rules that apply in its
+    conversation, the MCP servers). ``build`` returns a queryset in which
+    ``values`` are the only parameters that change from call to call (each
+    may stand in several places; there may be none), every other parameter
+    being a constant of the query. As for ``PreparedCount``, it is compiled
+    with each of the two tuples of ``samples`` (values of the values' types,
+    all different and equal to no constant), and the SQL must come out the
+    same; each row is then built as ``PreparedGet`` builds its one. Values
+    are sent as given, already of their types (ints, strings).
+    """
+
+    def __init__(self, build: Callable[..., QuerySet], *, samples=((), ())) -> None:
+        first, second = samples
+        if len(first) != len(second) or len({*first, *second}) != 2 * len(first):
+            raise ValueError("the samples must be two tuples of values all different")
+        self.build = build
+        self.samples = (tuple(first), tuple(second))
+
+    def all(self, *values: object, using: str = DEFAULT_DB_ALIAS) -> list[Model]:
+        connection = connections[using]
+        sql, constants, places, layout = _plan(connection, self, lambda: self._compile(using))
+        if len(values) != len(self.samples[0]):
+            raise TypeError(f"{len(self.samples[0])} values expected, {len(values)} given")
+        params = list(constants)
+        for place, index in places:
+            params[place] = values[index]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        return layout.objects(rows)
+
+    def _compile(self, using: str) -> tuple:
+        compiled = []
+        for sample in self.samples:
+            compiler = self.build(*sample).query.get_compiler(using)
+            compiled.append((compiler, *compiler.as_sql()))
+        (compiler, sql, params), (_, other_sql, other_params) = compiled
+        first, second = self.samples
+
+        def index_of(param: object, sample: tuple) -> int | None:
+            found = [i for i, v in enumerate(sample) if type(v) is type(param) and v == param]
+            return found[0] if found else None
+
+        places = []
+        for place, (a, b) in enumerate(zip(params, other_params, strict=True)):
+            index = index_of(a, first)
+            if a == b and index is None:
+                continue  # a constant
+            if index is None or index_of(b, second) != index:
+                raise ValueError(_VALUES_AS_PARAMETERS)
+            places.append((place, index))
+        if sql != other_sql or {index for _, index in places} != set(range(len(first))):
+            raise ValueError(_VALUES_AS_PARAMETERS)
+        return sql, tuple(params), tuple(places), _RowLayout(compiler, using)
+
+
+class _RowLayout:
+    """How a compiled SELECT's rows become model instances, as Django's ``ModelIterable`` does."""
+
+    def __init__(self, compiler, using: str) -> None:
         select, klass_info = compiler.select, compiler.klass_info
         fields = klass_info["select_fields"]
-        start, end = fields[0], fields[-1] + 1
-        init_list = [column[0].target.attname for column in select[start:end]]
-        populators = get_related_populators(klass_info, select, using)
-        converters = compiler.get_converters([column[0] for column in select[: compiler.col_count]])
-        return (compiler, sql, klass_info["model"], start, end, init_list, populators, converters)
+        self.compiler, self.using = compiler, using
+        self.model = klass_info["model"]
+        self.start, self.end = fields[0], fields[-1] + 1
+        self.init_list = [column[0].target.attname for column in select[self.start : self.end]]
+        self.populators = get_related_populators(klass_info, select, using)
+        self.converters = compiler.get_converters(
+            [column[0] for column in select[: compiler.col_count]]
+        )
+
+    def objects(self, rows: Any) -> list[Model]:
+        if self.converters:
+            rows = list(self.compiler.apply_converters(rows, self.converters))
+        objs = []
+        for row in rows:
+            obj = self.model.from_db(self.using, self.init_list, row[self.start : self.end])
+            for populator in self.populators:
+                populator.populate(row, obj)
+            objs.append(obj)
+        return objs
 
 
 class PreparedCount:

@@ -12,9 +12,10 @@ from django.db.models.signals import post_save, pre_save
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from approvals.models import ToolApproval, arguments_hash
+from approvals.models import ToolApproval, ToolRule, arguments_hash
+from approvals.services import rules_for
 from chat.models import Conversation, Message, Run
-from studio.orm import PreparedCount, PreparedGet, create_row, update_where
+from studio.orm import PreparedCount, PreparedGet, PreparedRows, create_row, update_where
 from tests.factories import make_approval, make_conversation, make_user
 
 pytestmark = [pytest.mark.anydb, pytest.mark.django_db(transaction=True)]
@@ -188,6 +189,107 @@ def test_a_query_whose_sql_depends_on_the_value_is_refused(conversation):
             prepared.count(1)
     with pytest.raises(ValueError, match="must differ"):
         PreparedCount(lambda pk: waiting_for(pk, False), samples=(1, 1))
+
+
+PAIRS = ((-2_000_000_001, -2_000_000_002), (-2_000_000_003, -2_000_000_004))
+
+
+def test_the_rules_of_a_call_equal_the_orms(conversation, alice, bob):
+    # Every scope, for this conversation and for others, revoked or not.
+    other = make_conversation(alice)
+    theirs = make_conversation(bob)
+    Scope = ToolRule.Scope
+    made = [
+        ToolRule.objects.create(tool="python", action="allow", scope=Scope.EVERYONE),
+        ToolRule.objects.create(tool="*", action="ask", scope=Scope.MEMBER, member=alice),
+        ToolRule.objects.create(tool="shell", action="deny", scope=Scope.MEMBER, member=bob),
+        ToolRule.objects.create(
+            tool="echo", pattern="x*", action="allow", scope=Scope.CONVERSATION,
+            conversation=conversation, member=alice,
+        ),
+        ToolRule.objects.create(
+            tool="echo", action="deny", scope=Scope.CONVERSATION, conversation=theirs, member=bob
+        ),
+        ToolRule.objects.create(
+            tool="web", action="deny", scope=Scope.EVERYONE, revoked_at=timezone.now()
+        ),
+    ]  # fmt: skip
+    prepared = PreparedRows(
+        lambda owner, pk: ToolRule.objects.applying_in(owner, pk).select_related("member"),
+        samples=PAIRS,
+    )
+    for c in (conversation, other, theirs):
+        want = list(ToolRule.objects.applying_to(c).select_related("member"))
+        got = prepared.all(c.owner_id, c.pk)
+        assert [values(r) for r in got] == [values(r) for r in want], c
+        with CaptureQueriesContext(connection) as queries:
+            assert [r.member_id and r.member.pk for r in got] == [r.member_id for r in got]
+        assert len(queries) == 0, "the members come with the rows"
+    # The cases differ, so the comparison can fail; rules_for reads the same.
+    python, alices, bobs, here, there, _ = made
+    assert [r.pk for r in rules_for(conversation)] == [here.pk, alices.pk, python.pk]
+    assert [r.pk for r in rules_for(other)] == [alices.pk, python.pk]
+    assert [r.pk for r in rules_for(theirs)] == [there.pk, bobs.pk, python.pk]
+
+
+def test_rows_with_a_value_in_two_places_or_none_equal_the_orms(conversation, alice, bob):
+    make_approval(conversation)
+    make_approval(conversation, needs_review=True)
+    make_approval(make_conversation(bob), needs_review=True)
+    reviewing = PreparedRows(
+        lambda pk: waiting_for(pk, True), samples=((SAMPLES[0],), (SAMPLES[1],))
+    )
+    for user in (alice, bob):
+        assert [a.pk for a in reviewing.all(user.pk)] == [a.pk for a in waiting_for(user.pk, True)]
+    assert [len(reviewing.all(u.pk)) for u in (alice, bob)] == [3, 2]
+    pending = PreparedRows(lambda: ToolApproval.objects.filter(needs_review=True))
+    assert len(pending.all()) == 2
+    with pytest.raises(TypeError, match="0 values expected"):
+        pending.all(alice.pk)
+
+
+def test_rows_are_compiled_once_per_connection(conversation, alice):
+    make_approval(conversation)
+    builds = []
+
+    def build(owner, pk):
+        builds.append((owner, pk))
+        return ToolRule.objects.applying_in(owner, pk)
+
+    prepared = PreparedRows(build, samples=PAIRS)
+    ToolRule.objects.create(tool="*", action="ask", scope=ToolRule.Scope.MEMBER, member=alice)
+    with CaptureQueriesContext(connection) as queries:
+        assert [len(prepared.all(alice.pk, conversation.pk)) for _ in range(3)] == [1, 1, 1]
+    assert len(queries) == 3
+    assert builds == list(PAIRS), "compiled with each sample once, never again"
+
+
+def test_rows_whose_sql_depends_on_the_values_are_refused(conversation):
+    make_approval(conversation)
+    one = (SAMPLES[:1], SAMPLES[1:])
+    refused = [
+        # The value changes the SQL's shape, not just a parameter.
+        PreparedRows(
+            lambda pk: ToolApproval.objects.filter(Q(pk=pk) if pk % 2 else Q(pk__gte=pk)),
+            samples=one,
+        ),
+        # The value never reaches the SQL.
+        PreparedRows(lambda pk: ToolApproval.objects.filter(pk=5), samples=one),
+        # A constant of the query equals a sample: it could not be told apart.
+        PreparedRows(
+            lambda pk: ToolApproval.objects.filter(pk=pk, conversation_id=SAMPLES[0]), samples=one
+        ),
+        # The values swapped between the samples' places.
+        PreparedRows(
+            lambda a, b: ToolApproval.objects.filter(pk=a if a == PAIRS[0][0] else b),
+            samples=PAIRS,
+        ),
+    ]
+    for prepared in refused:
+        with pytest.raises(ValueError, match="parameters only"):
+            prepared.all(*([1] * len(prepared.samples[0])))
+    with pytest.raises(ValueError, match="all different"):
+        PreparedRows(lambda a, b: ToolApproval.objects.all(), samples=((1, 2), (1, 3)))
 
 
 def test_update_where_writes_what_the_orms_update_writes(conversation, bob):
