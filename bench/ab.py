@@ -6,8 +6,9 @@ invocation: each round starts daphne from checkout A or B (a git worktree),
 both on the same fresh SQLite database. The schema must be the same in both.
 
 * ``post``: sequential decision POSTs, no run waiting (as ``decision_post.py``);
-* ``rt``: the approval round trip, POST sent -> tool result (as ``roundtrip.py``);
-  ``--tabs N`` holds N idle chat tabs of another member open meanwhile.
+* ``rt``: the approval round trip, POST sent -> tool result (as ``roundtrip.py``),
+  and the launch before it, message sent -> pending card; ``--tabs N`` holds N
+  idle chat tabs of another member open meanwhile.
 
 Prints each side's medians over rounds (p50, p99, server CPU per POST or
 approval from /proc) and B/A.
@@ -74,7 +75,7 @@ def post_round(root: Path, n: int, warmup: int = 30) -> tuple[float, float, floa
     return statistics.median(latencies), harness.percentile(latencies, 99), cpu
 
 
-def rt_round(root: Path, n: int, tabs: int = 0) -> tuple[float, float, float]:
+def rt_round(root: Path, n: int, tabs: int = 0) -> tuple[float, ...]:
     user, session = member(root)
     idle_user, idle_session = member(root)
     idle = [harness.make_conversation(idle_user, enabled_tools=[]).pk for _ in range(tabs)]
@@ -95,7 +96,13 @@ def rt_round(root: Path, n: int, tabs: int = 0) -> tuple[float, float, float]:
         http.close()
         server.stop()
     total = trips.total
-    return statistics.median(total), harness.percentile(total, 99), sum(trips.cpu) / len(trips.cpu)
+    return (
+        statistics.median(total),
+        harness.percentile(total, 99),
+        statistics.fmean(trips.cpu),
+        statistics.median(trips.launch),
+        statistics.fmean(trips.launch_cpu),
+    )
 
 
 def main() -> None:
@@ -120,15 +127,21 @@ def main() -> None:
     medians = {}
     for label, root in zip("AB", roots, strict=True):
         rounds = results[root]
-        p50, p99, cpu = (statistics.median(x[i] for x in rounds) for i in range(3))
-        medians[label] = (p50, cpu)
+        medians[label] = [statistics.median(x[i] for x in rounds) for i in range(len(rounds[0]))]
+        p50, p99, cpu = medians[label][:3]
         per_round = " ".join(f"{x[0] * 1000:.1f}" for x in rounds)
         print(
             f"{label} {root}: p50 {p50 * 1000:.2f} ms  p99 {p99 * 1000:.2f} ms  "
             f"CPU {cpu * 1000:.2f} ms   (p50 per round: {per_round})"
         )
-    (a50, acpu), (b50, bcpu) = medians["A"], medians["B"]
-    print(f"B/A: p50 {b50 / a50:.2f}x  CPU {bcpu / acpu:.2f}x")
+        if len(medians[label]) > 3:  # rt: the launch too
+            launch, launch_cpu = medians[label][3:]
+            print(f"  launch (message -> pending card): p50 {launch * 1000:.2f} ms  "
+                  f"CPU {launch_cpu * 1000:.2f} ms")  # fmt: skip
+    a, b = medians["A"], medians["B"]
+    print(f"B/A: p50 {b[0] / a[0]:.2f}x  CPU {b[2] / a[2]:.2f}x")
+    if len(a) > 3:
+        print(f"B/A launch: p50 {b[3] / a[3]:.2f}x  CPU {b[4] / a[4]:.2f}x")
 
 
 if __name__ == "__main__":

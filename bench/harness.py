@@ -241,6 +241,8 @@ class RoundTrips:
     total: list[float] = field(default_factory=list)  # decision POST -> tool_end on the socket
     post: list[float] = field(default_factory=list)  # the POST's own response
     cpu: list[float] = field(default_factory=list)  # server CPU in the total window
+    launch: list[float] = field(default_factory=list)  # message sent -> its pending card
+    launch_cpu: list[float] = field(default_factory=list)  # server CPU in that window
 
 
 def round_trips(
@@ -271,6 +273,8 @@ def round_trips(
                     additional_headers={"Cookie": f"sessionid={session}", "Origin": ws_server.url},
                 )
                 recv_until(ws, 'id="transcript"')
+            launch_cpu0 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
+            launch0 = time.perf_counter()
             ws.send(json.dumps({"message": f"echo {i}"}))
             approval_id = APPROVAL_ID.findall(recv_until(ws, 'data-status="pending"'))[-1]
             cpu0 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
@@ -286,6 +290,8 @@ def round_trips(
                 result.total.append(t1 - t0)
                 result.post.append(tp - t0)
                 result.cpu.append(cpu1 - cpu0)
+                result.launch.append(t0 - launch0)
+                result.launch_cpu.append(cpu0 - launch_cpu0)
     finally:
         if ws is not None:
             ws.close()
