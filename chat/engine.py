@@ -83,7 +83,7 @@ def run_launch(*, conversation_id: int, user, text: str) -> Launch:
     with rt.lock:
         rt.runs[local.run_id] = local
     try:
-        run_create(
+        local.launched = run_create(
             run_id=local.run_id,
             conversation_id=conversation_id,
             user=user,
@@ -226,12 +226,11 @@ class Stepper:
             release_connection()
 
     def _begin(self) -> None:
-        run = Run.objects.select_related("conversation", "started_by").get(pk=self.local.run_id)
+        # The rows the launch wrote, with the conversation it read: not read again.
+        (run, user_message), self.local.launched = self.local.launched, None
         conversation = run.conversation
         self.publisher = Publisher(conversation, run)
-        user_message = Message.objects.filter(run=run, role=Message.Role.USER).last()
-        if user_message is not None:
-            self.publisher.send(render.appended(render.message(MessageView.of(user_message))))
+        self.publisher.send(render.appended(render.message(MessageView.of(user_message))))
         self.publisher.send(render.run_controls(running=True, conversation_id=conversation.pk))
         # The first message names the conversation; every open tab shows it.
         self.publisher.send(render.title(conversation.title))

@@ -113,8 +113,8 @@ def run_create(
     text: str,
     inbox: str,
     is_dead: Callable[[str], bool] | None = None,
-) -> Run:
-    """Claim the conversation for a new run and save the user's message.
+) -> tuple[Run, Message]:
+    """Claim the conversation for a new run and save the user's message; returns both.
 
     The database's partial unique index makes the claim atomic across
     processes. A run in the way is retired first if its process died: its
@@ -130,7 +130,7 @@ def run_create(
                 run = create_row(
                     Run, id=run_id, conversation=conversation, started_by=user, inbox=inbox
                 )
-                create_row(
+                message = create_row(
                     Message,
                     conversation=conversation,
                     run=run,
@@ -140,7 +140,7 @@ def run_create(
                 if conversation.title == "New chat":
                     conversation.title = _title_from(text)
                 conversation.save(update_fields=["title", "updated_at"])
-            return run
+            return run, message
         except IntegrityError:
             if attempt:
                 raise RunBusy(conversation_id) from None

@@ -446,6 +446,9 @@ class LocalRun:
     task: asyncio.Task | None = None
     # Parked on a decision (holding no thread) rather than working.
     parked: bool = False
+    # What the launch wrote (the run's row and the user's message), for the
+    # run's first step to use instead of reading them back.
+    launched: tuple | None = None
 
 
 class Runtime:

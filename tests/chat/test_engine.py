@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import ToolApproval
 from approvals.services import approval_decide
-from chat.engine import run_launch, run_stop
+from chat.engine import Stepper, run_launch, run_stop
 from chat.models import Message, Run
-from studio.runtime import replace_runtime, restore_runtime, runtime
+from chat.services import run_create
+from studio.runtime import LocalRun, replace_runtime, restore_runtime, runtime
 from tests.factories import make_conversation
 from tests.helpers.procs import read_line, spawn
 
@@ -232,3 +236,29 @@ async def test_a_send_in_the_window_after_another_runs_row_is_written_is_refused
     assert (str(run.pk), run.status) == (first.run_id, "running")
     assert await rt.off_loop(run_stop, conversation_id=conversation.pk, user=alice)
     await until(lambda: finished(conversation))
+
+
+async def test_a_runs_first_step_does_not_read_back_what_its_launch_wrote(rt, alice):
+    """The launch hands the run its row and the user's message (with the
+    conversation it read): the first step reads neither back."""
+
+    def first_step():
+        conversation = make_conversation(alice)
+        launched = run_create(
+            run_id=str(uuid.uuid4()),
+            conversation_id=conversation.pk,
+            user=alice,
+            text="hello",
+            inbox=rt.inbox.name,
+        )
+        local = LocalRun(launched[0].pk, conversation.pk, launched=launched)
+        stepper = Stepper(local)
+        with CaptureQueriesContext(connection) as queries:
+            stepper._begin()
+        return launched, stepper, [q["sql"] for q in queries]
+
+    (run, message), stepper, sql = await rt.off_loop(first_step)
+    assert message.role == "user" and message.content == "hello" and message.run_id == run.pk
+    assert not [q for q in sql if "chat_run" in q or "chat_message" in q], sql
+    assert stepper.agent.run is run and stepper.agent.conversation is run.conversation
+    assert stepper.local.launched is None, "handed over once, not kept"
