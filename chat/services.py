@@ -123,12 +123,19 @@ def run_create(
     previous server). The caller registers ``run_id`` as live *before*
     calling, so a concurrent send never mistakes this run for a dead one.
     """
-    conversation = Conversation.objects.get(pk=conversation_id, owner=user)
+    conversation = Conversation.objects.select_related("owner").get(pk=conversation_id, owner=user)
     for attempt in range(2):
         try:
             with transaction.atomic():
+                # The owner as read here, not ``user``: the run keeps it for its
+                # life, and a view's ``request.user`` is a lazy object that holds
+                # its whole request (11 KB more per parked run, measured at 10,000).
                 run = create_row(
-                    Run, id=run_id, conversation=conversation, started_by=user, inbox=inbox
+                    Run,
+                    id=run_id,
+                    conversation=conversation,
+                    started_by=conversation.owner,
+                    inbox=inbox,
                 )
                 message = create_row(
                     Message,

@@ -15,8 +15,10 @@ import uuid
 import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection
+from django.http import HttpRequest
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from django.utils.functional import SimpleLazyObject
 
 from approvals.models import ToolApproval
 from approvals.services import approval_decide
@@ -244,10 +246,11 @@ async def test_a_runs_first_step_does_not_read_back_what_its_launch_wrote(rt, al
 
     def first_step():
         conversation = make_conversation(alice)
+        request = HttpRequest()  # a view's request.user holds its request
         launched = run_create(
             run_id=str(uuid.uuid4()),
             conversation_id=conversation.pk,
-            user=alice,
+            user=SimpleLazyObject(lambda: request and alice),
             text="hello",
             inbox=rt.inbox.name,
         )
@@ -261,4 +264,7 @@ async def test_a_runs_first_step_does_not_read_back_what_its_launch_wrote(rt, al
     assert message.role == "user" and message.content == "hello" and message.run_id == run.pk
     assert not [q for q in sql if "chat_run" in q or "chat_message" in q], sql
     assert stepper.agent.run is run and stepper.agent.conversation is run.conversation
+    # A parked run lives for hours: it keeps a user of its own, not the lazy
+    # one that keeps the launching request alive.
+    assert type(stepper.agent.user) is type(alice) and stepper.agent.user.pk == alice.pk
     assert stepper.local.launched is None, "handed over once, not kept"
