@@ -25,6 +25,11 @@ the same way: the header count of waiting approvals that every page of a
 member counts again after each change took 0.42 ms through the ORM, 0.03 ms
 so, almost all of it compiling.
 
+``PreparedRows`` reads a queryset's rows for any number of values, built as
+``PreparedGet`` builds its one: every gated call reads the rules that apply
+in its conversation (0.88 ms through the ORM with three rules, 0.08 ms so),
+every run's start the enabled MCP servers.
+
 ``create_row`` is ``Model.objects.create`` for the rows every run writes (its
 messages, its approvals): Django's own insert compiler builds the SQL once
 per model and connection, and each call only converts the values, executes
@@ -121,28 +126,38 @@ class PreparedRows:
         return layout.objects(rows)
 
     def _compile(self, using: str) -> tuple:
-        compiled = []
-        for sample in self.samples:
-            compiler = self.build(*sample).query.get_compiler(using)
-            compiled.append((compiler, *compiler.as_sql()))
-        (compiler, sql, params), (_, other_sql, other_params) = compiled
-        first, second = self.samples
+        compilers = [self.build(*sample).query.get_compiler(using) for sample in self.samples]
+        sql, params, places = _value_places([c.as_sql() for c in compilers], self.samples)
+        return sql, params, places, _RowLayout(compilers[0], using)
 
-        def index_of(param: object, sample: tuple) -> int | None:
-            found = [i for i, v in enumerate(sample) if type(v) is type(param) and v == param]
-            return found[0] if found else None
 
-        places = []
-        for place, (a, b) in enumerate(zip(params, other_params, strict=True)):
-            index = index_of(a, first)
-            if a == b and index is None:
-                continue  # a constant
-            if index is None or index_of(b, second) != index:
-                raise ValueError(_VALUES_AS_PARAMETERS)
-            places.append((place, index))
-        if sql != other_sql or {index for _, index in places} != set(range(len(first))):
+def _value_places(compiled: list[tuple], samples: tuple[tuple, tuple]) -> tuple:
+    """Where each value goes in a query compiled once with each tuple of ``samples``.
+
+    Returns the SQL, its parameters (the first sample's values in their
+    places) and ``(place, index)`` for every parameter that is value
+    ``index``. Refuses a query whose SQL changes with the values, that
+    leaves a value out, or whose constants equal a sample (they could not be
+    told apart).
+    """
+    (sql, params), (other_sql, other_params) = compiled
+    first, second = samples
+
+    def index_of(param: object, sample: tuple) -> int | None:
+        found = [i for i, v in enumerate(sample) if type(v) is type(param) and v == param]
+        return found[0] if found else None
+
+    places = []
+    for place, (a, b) in enumerate(zip(params, other_params, strict=True)):
+        index = index_of(a, first)
+        if a == b and index is None:
+            continue  # a constant
+        if index is None or index_of(b, second) != index:
             raise ValueError(_VALUES_AS_PARAMETERS)
-        return sql, tuple(params), tuple(places), _RowLayout(compiler, using)
+        places.append((place, index))
+    if sql != other_sql or {index for _, index in places} != set(range(len(first))):
+        raise ValueError(_VALUES_AS_PARAMETERS)
+    return sql, tuple(params), tuple(places)
 
 
 class _RowLayout:
@@ -206,29 +221,24 @@ class PreparedCount:
             connection, (self, kind), lambda: self._compile(kind, connection, using)
         )
         params = list(constants)
-        for place in places:
+        for place, _ in places:
             params[place] = value
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             yield cursor
 
     def _compile(self, kind: str, connection, using: str) -> tuple:
-        compiled = []
-        for sample in self.samples:
-            query = self.build(sample).order_by().values("pk").query
-            compiled.append(query.get_compiler(using).as_sql())
-        (sql, params), (other_sql, other_params) = compiled
-        places = [i for i, (a, b) in enumerate(zip(params, other_params, strict=True)) if a != b]
-        first = self.samples[0]
-        expected = [i for i, p in enumerate(params) if type(p) is type(first) and p == first]
-        if sql != other_sql or not places or places != expected:
-            raise ValueError("the query's SQL must depend on the value through parameters only")
+        compiled = [
+            self.build(sample).order_by().values("pk").query.get_compiler(using).as_sql()
+            for sample in self.samples
+        ]
+        sql, params, places = _value_places(compiled, tuple((s,) for s in self.samples))
         name = connection.ops.quote_name("counted")
         if kind == "count":
             sql = f"SELECT COUNT(*) FROM ({sql}) {name}"  # noqa: S608 - Django's own SQL
         else:
             sql = f"SELECT 1 FROM ({sql}) {name} LIMIT 1"  # noqa: S608 - Django's own SQL
-        return sql, tuple(params), places
+        return sql, params, places
 
 
 def update_where(
