@@ -88,3 +88,47 @@ async def test_the_sweep_runs_at_most_once_a_second(monkeypatch):
         await receive(layer, channel)
     # The first send swept; the other 199 calls within the second did not.
     assert len(sweeps) == 1
+
+
+async def test_a_member_receives_a_copy_that_later_changes_do_not_reach():
+    layer = LocalChannelLayer()
+    channel = await layer.new_channel()
+    plain = {"type": "chat.fragment", "html": "<p>hi</p>", "pending": True, "seq": 3}
+    nested = {"type": "inbox.changed", "came": ["a1"], "extra": {"k": "v"}}
+    await layer.send(channel, plain)
+    await layer.send(channel, nested)
+    # The sender changes its messages after sending them.
+    plain["html"] = "changed"
+    nested["came"].append("a2")
+    nested["extra"]["k"] = "changed"
+
+    assert await receive(layer, channel) == {
+        "type": "chat.fragment",
+        "html": "<p>hi</p>",
+        "pending": True,
+        "seq": 3,
+    }
+    assert await receive(layer, channel) == {
+        "type": "inbox.changed",
+        "came": ["a1"],
+        "extra": {"k": "v"},
+    }
+
+
+async def test_a_channel_gets_one_queue_not_one_per_send_and_receive(monkeypatch):
+    built = []
+
+    class CountedQueue(asyncio.Queue):
+        def __init__(self, *args, **kwargs) -> None:
+            built.append(self)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(layers.asyncio, "Queue", CountedQueue)
+    layer = LocalChannelLayer()
+    channel = await layer.new_channel()
+    for i in range(50):
+        await layer.send(channel, {"type": "x", "i": i})
+    assert [(await receive(layer, channel))["i"] for _ in range(50)] == list(range(50))
+
+    assert len(built) == 1
+    assert layer.channels == {}  # emptied, it is dropped as upstream drops it
