@@ -11,11 +11,15 @@ both on the same fresh SQLite database. The schema must be the same in both.
   idle chat tabs of another member open meanwhile.
 
 Prints each side's medians over rounds (p50, p99, server CPU per POST or
-approval from /proc) and B/A.
+approval from /proc) and B/A. ``rt --interleave``: each round starts both
+checkouts' servers at once and takes one approval on each in turn (the
+order swapped every approval), so A and B meet the same moments of the
+machine; it also prints the median of the rounds' own B/A.
 
     git worktree add ../before HEAD~1
     .venv/bin/python bench/ab.py post --a ../before --b . --rounds 6 --n 400
     .venv/bin/python bench/ab.py rt --a ../before --b . --rounds 4 --n 200 --tabs 1000
+    .venv/bin/python bench/ab.py rt --a ../before --b . --rounds 4 --n 250 --interleave
 """
 
 from __future__ import annotations
@@ -95,6 +99,10 @@ def rt_round(root: Path, n: int, tabs: int = 0) -> tuple[float, ...]:
     finally:
         http.close()
         server.stop()
+    return _figures(trips)
+
+
+def _figures(trips: harness.RoundTrips) -> tuple[float, ...]:
     total = trips.total
     return (
         statistics.median(total),
@@ -105,6 +113,32 @@ def rt_round(root: Path, n: int, tabs: int = 0) -> tuple[float, ...]:
     )
 
 
+def rt_round_interleaved(roots: tuple[Path, Path], n: int) -> dict[Path, tuple[float, ...]]:
+    """Both checkouts' servers up at once, one approval on each in turn."""
+    servers, clients, cycles = [], [], {}
+    try:
+        for root in roots:
+            user, session = member(root)
+            server = start(root)
+            servers.append(server)
+            http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
+            clients.append(http)
+            cycles[root] = harness.SocketCycles(
+                ws_server=server,
+                user=user,
+                session=session,
+                decide=harness.member_allow(http),
+                cpu_pid=server.pid,
+            )
+        results = harness.interleaved(cycles, count=n, warmup=20)
+    finally:
+        for c in [*cycles.values(), *clients]:
+            c.close()
+        for server in servers:
+            server.stop()
+    return {root: _figures(trips) for root, trips in results.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("kind", choices=("post", "rt"))
@@ -113,7 +147,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--n", type=int, default=400, help="POSTs or approvals per round")
     parser.add_argument("--tabs", type=int, default=0, help="rt: idle tabs of another member")
+    parser.add_argument(
+        "--interleave", action="store_true", help="rt: A and B at once, one approval each in turn"
+    )
     args = parser.parse_args()
+    if args.interleave and (args.kind != "rt" or args.tabs):
+        parser.error("--interleave is for rt without --tabs")
     roots = (args.a.resolve(), args.b.resolve())
     harness.setup_django(f"sqlite:///{harness.ROOT / 'bench' / '.bench-ab.sqlite3'}")
     if args.kind == "post":
@@ -122,6 +161,10 @@ def main() -> None:
         measure = functools.partial(rt_round, tabs=args.tabs)
     results: dict[Path, list[tuple[float, float, float]]] = {root: [] for root in roots}
     for r in range(args.rounds):
+        if args.interleave:
+            for root, figures in rt_round_interleaved(roots, args.n).items():
+                results[root].append(figures)
+            continue
         for root in roots if r % 2 == 0 else roots[::-1]:
             results[root].append(measure(root, args.n))
     medians = {}
@@ -140,6 +183,14 @@ def main() -> None:
                   f"CPU {launch_cpu * 1000:.2f} ms")  # fmt: skip
     a, b = medians["A"], medians["B"]
     print(f"B/A: p50 {b[0] / a[0]:.2f}x  CPU {b[2] / a[2]:.2f}x")
+    ra, rb = results[roots[0]], results[roots[1]]
+    p50s = [y[0] / x[0] for x, y in zip(ra, rb, strict=True)]
+    cpus = [y[2] / x[2] for x, y in zip(ra, rb, strict=True)]
+    print(
+        f"the rounds' own B/A: p50 {' '.join(f'{v:.2f}' for v in p50s)} "
+        f"(median {statistics.median(p50s):.2f}x); CPU {' '.join(f'{v:.2f}' for v in cpus)} "
+        f"(median {statistics.median(cpus):.2f}x)"
+    )
     if len(a) > 3:
         print(f"B/A launch: p50 {b[3] / a[3]:.2f}x  CPU {b[4] / a[4]:.2f}x")
 

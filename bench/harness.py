@@ -236,6 +236,17 @@ def recv_until(ws, needle: str, timeout: float = 20) -> str:
             return "\n".join(seen)
 
 
+@dataclass(frozen=True)
+class Trip:
+    """One approval's figures (seconds)."""
+
+    total: float  # decision POST -> tool_end on the socket
+    post: float  # the POST's own response
+    cpu: float  # server CPU in the total window
+    launch: float | None = None  # message sent -> its pending card
+    launch_cpu: float | None = None  # server CPU in that window
+
+
 @dataclass
 class RoundTrips:
     total: list[float] = field(default_factory=list)  # decision POST -> tool_end on the socket
@@ -243,6 +254,128 @@ class RoundTrips:
     cpu: list[float] = field(default_factory=list)  # server CPU in the total window
     launch: list[float] = field(default_factory=list)  # message sent -> its pending card
     launch_cpu: list[float] = field(default_factory=list)  # server CPU in that window
+
+    def add(self, trip: Trip) -> None:
+        self.total.append(trip.total)
+        self.post.append(trip.post)
+        self.cpu.append(trip.cpu)
+        if trip.launch is not None:
+            self.launch.append(trip.launch)
+            self.launch_cpu.append(trip.launch_cpu)
+
+
+class SocketCycles:
+    """Approvals one at a time on a server that speaks Studio's socket protocol
+    (Studio, the Channels peer): a message on the socket parks a run on a
+    pending card, ``decide(approval_id)`` POSTs the decision (to any
+    process), and ``one()`` times until the ``tool_end`` fragment arrives on
+    the socket. A new conversation every ``per_conversation`` approvals."""
+
+    def __init__(
+        self,
+        *,
+        ws_server,
+        user,
+        session: str,
+        decide: Callable[[str], object],
+        per_conversation: int = 50,
+        cpu_pid: int | None = None,
+    ) -> None:
+        self.ws_server, self.user, self.session = ws_server, user, session
+        self.decide, self.per_conversation, self.cpu_pid = decide, per_conversation, cpu_pid
+        self.done, self.ws = 0, None
+
+    def _cpu(self) -> float:
+        return cpu_seconds(self.cpu_pid) if self.cpu_pid else 0.0
+
+    def one(self) -> Trip:
+        from websockets.sync.client import connect
+
+        if self.done % self.per_conversation == 0:
+            self.close()
+            conversation = make_conversation(self.user)
+            self.ws = connect(
+                f"{self.ws_server.ws_url}/ws/c/{conversation.pk}/",
+                additional_headers={
+                    "Cookie": f"sessionid={self.session}",
+                    "Origin": self.ws_server.url,
+                },
+            )
+            recv_until(self.ws, 'id="transcript"')
+        ws = self.ws
+        launch_cpu0 = self._cpu()
+        launch0 = time.perf_counter()
+        ws.send(json.dumps({"message": f"echo {self.done}"}))
+        approval_id = APPROVAL_ID.findall(recv_until(ws, 'data-status="pending"'))[-1]
+        cpu0 = self._cpu()
+        t0 = time.perf_counter()
+        response = self.decide(approval_id)
+        tp = time.perf_counter()
+        recv_until(ws, "data-tool-result=")
+        t1 = time.perf_counter()
+        cpu1 = self._cpu()
+        assert response.status_code == 200, response.text
+        recv_until(ws, 'data-running="false"')
+        self.done += 1
+        return Trip(t1 - t0, tp - t0, cpu1 - cpu0, t0 - launch0, cpu0 - launch_cpu0)
+
+    def close(self) -> None:
+        if self.ws is not None:
+            self.ws.close()
+            self.ws = None
+
+
+class OriginCycles:
+    """The same round trip against the origin's architecture: SSE out, POST in."""
+
+    def __init__(self, *, server, cpu_pid: int | None = None) -> None:
+        import httpx
+
+        self.cpu_pid, self.done = cpu_pid, 0
+        self.stream_client = httpx.Client(base_url=server.url, timeout=20)
+        self.post_client = httpx.Client(base_url=server.url, timeout=20)
+
+    def one(self) -> Trip:
+        i, cpu_pid = self.done, self.cpu_pid
+        with self.stream_client.stream("POST", "/chat", json={"message": f"echo {i}"}) as response:
+            events = (
+                json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")
+            )
+            start = next(events)
+            assert start["type"] == "tool_start", start
+            cpu0 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
+            t0 = time.perf_counter()
+            decided = self.post_client.post(f"/approvals/{start['approval_id']}/decide/")
+            tp = time.perf_counter()
+            end = next(events)
+            t1 = time.perf_counter()
+            cpu1 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
+            assert decided.status_code == 200 and end == {"type": "tool_end", "result": f"echo {i}"}
+            assert next(events)["type"] == "done"
+        self.done += 1
+        return Trip(t1 - t0, tp - t0, cpu1 - cpu0)
+
+    def close(self) -> None:
+        self.stream_client.close()
+        self.post_client.close()
+
+
+def interleaved(cycles: dict, *, count: int, warmup: int) -> dict[str, RoundTrips]:
+    """One approval on each system in turn, the order rotated every approval.
+
+    Each system meets the machine's moment as the others do: on these shared
+    machines a system's median drifts by a third between runs minutes apart,
+    and approvals a few milliseconds apart drift together.
+    """
+    names = list(cycles)
+    results = {name: RoundTrips() for name in names}
+    for i in range(warmup + count):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            trip = cycles[name].one()
+            if i >= warmup:
+                results[name].add(trip)
+    return results
 
 
 def round_trips(
@@ -256,85 +389,30 @@ def round_trips(
     per_conversation: int = 50,
     cpu_pid: int | None = None,
 ) -> RoundTrips:
-    """Sequential approvals: a message on ``ws_server``'s socket parks a run on a
-    pending card, ``decide(approval_id)`` POSTs the decision (to any process),
-    and we time until the ``tool_end`` fragment arrives on the socket."""
-    from websockets.sync.client import connect
-
-    result, ws = RoundTrips(), None
+    """``count`` sequential approvals on one server (see ``SocketCycles``)."""
+    cycles = SocketCycles(
+        ws_server=ws_server,
+        user=user,
+        session=session,
+        decide=decide,
+        per_conversation=per_conversation,
+        cpu_pid=cpu_pid,
+    )
     try:
-        for i in range(warmup + count):
-            if i % per_conversation == 0:
-                if ws is not None:
-                    ws.close()
-                conversation = make_conversation(user)
-                ws = connect(
-                    f"{ws_server.ws_url}/ws/c/{conversation.pk}/",
-                    additional_headers={"Cookie": f"sessionid={session}", "Origin": ws_server.url},
-                )
-                recv_until(ws, 'id="transcript"')
-            launch_cpu0 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
-            launch0 = time.perf_counter()
-            ws.send(json.dumps({"message": f"echo {i}"}))
-            approval_id = APPROVAL_ID.findall(recv_until(ws, 'data-status="pending"'))[-1]
-            cpu0 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
-            t0 = time.perf_counter()
-            response = decide(approval_id)
-            tp = time.perf_counter()
-            recv_until(ws, "data-tool-result=")
-            t1 = time.perf_counter()
-            cpu1 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
-            assert response.status_code == 200, response.text
-            recv_until(ws, 'data-running="false"')
-            if i >= warmup:
-                result.total.append(t1 - t0)
-                result.post.append(tp - t0)
-                result.cpu.append(cpu1 - cpu0)
-                result.launch.append(t0 - launch0)
-                result.launch_cpu.append(cpu0 - launch_cpu0)
+        return interleaved({"one": cycles}, count=count, warmup=warmup)["one"]
     finally:
-        if ws is not None:
-            ws.close()
-    return result
+        cycles.close()
 
 
 def origin_round_trips(
     *, server, count: int, warmup: int, cpu_pid: int | None = None
 ) -> RoundTrips:
-    """The same round trip against the origin's architecture: SSE out, POST in."""
-    import httpx
-
-    result = RoundTrips()
-    with (
-        httpx.Client(base_url=server.url, timeout=20) as stream_client,
-        httpx.Client(base_url=server.url, timeout=20) as post_client,
-    ):
-        for i in range(warmup + count):
-            with stream_client.stream("POST", "/chat", json={"message": f"echo {i}"}) as response:
-                events = (
-                    json.loads(line[6:])
-                    for line in response.iter_lines()
-                    if line.startswith("data: ")
-                )
-                start = next(events)
-                assert start["type"] == "tool_start", start
-                cpu0 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
-                t0 = time.perf_counter()
-                decided = post_client.post(f"/approvals/{start['approval_id']}/decide/")
-                tp = time.perf_counter()
-                end = next(events)
-                t1 = time.perf_counter()
-                cpu1 = cpu_seconds(cpu_pid) if cpu_pid else 0.0
-                assert decided.status_code == 200 and end == {
-                    "type": "tool_end",
-                    "result": f"echo {i}",
-                }
-                assert next(events)["type"] == "done"
-            if i >= warmup:
-                result.total.append(t1 - t0)
-                result.post.append(tp - t0)
-                result.cpu.append(cpu1 - cpu0)
-    return result
+    """``count`` sequential approvals on the origin's architecture (see ``OriginCycles``)."""
+    cycles = OriginCycles(server=server, cpu_pid=cpu_pid)
+    try:
+        return interleaved({"one": cycles}, count=count, warmup=warmup)["one"]
+    finally:
+        cycles.close()
 
 
 @dataclass

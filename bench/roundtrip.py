@@ -10,13 +10,19 @@ first decision wins, every tab updated. The peers:
 * the origin's architecture, FastAPI + SSE + to_thread (bench/peers/origin_peer.py).
 
 Rounds alternate between the systems; each figure is the median over rounds.
+With ``--interleave`` every round starts the three servers at once and
+takes one approval on each in turn (the order rotated every approval), so
+the systems meet the same moments of a shared machine; it also prints the
+median of the rounds' own ratios.
 
     .venv/bin/python bench/roundtrip.py --approvals 300 --rounds 3
+    .venv/bin/python bench/roundtrip.py --approvals 300 --rounds 3 --interleave
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import harness
 import httpx
@@ -82,6 +88,54 @@ def origin_round(args) -> harness.RoundTrips:
         server.stop()
 
 
+def interleaved_round(args, peer_user) -> dict[str, harness.RoundTrips]:
+    """The three systems up at once, one approval on each in turn."""
+    user, session = harness.make_member(f"bench{harness.time.monotonic_ns()}")
+    studio = DaphneProcess(
+        env=harness.server_env(),
+        app="bench.asgi:application",
+        log_path=harness.ROOT / "bench" / ".bench-roundtrip.log",
+    )
+    channels = DaphneProcess(env=harness.peer_env(), app="bench.peers.channels_peer:application")
+    origin = DaphneProcess(
+        env=harness.peer_env(), app="bench.peers.origin_peer:app", server="uvicorn"
+    )
+    servers = [studio, channels, origin]
+    clients: list[httpx.Client] = []
+    cycles: dict = {}
+    try:
+        for server in servers:
+            server.start()
+        studio_http = httpx.Client(base_url=studio.url, cookies={"sessionid": session}, timeout=10)
+        channels_http = httpx.Client(base_url=channels.url, timeout=10)
+        clients += [studio_http, channels_http]
+        cycles["studio"] = harness.SocketCycles(
+            ws_server=studio,
+            user=user,
+            session=session,
+            decide=harness.member_allow(studio_http),
+            per_conversation=args.per_conversation,
+            cpu_pid=studio.pid,
+        )
+        cycles["channels"] = harness.SocketCycles(
+            ws_server=channels,
+            user=peer_user,
+            session="",
+            decide=lambda approval_id: channels_http.post(
+                f"/approvals/{approval_id}/decide/", data={"decision": "allow"}
+            ),
+            per_conversation=args.per_conversation,
+            cpu_pid=channels.pid,
+        )
+        cycles["origin"] = harness.OriginCycles(server=origin, cpu_pid=origin.pid)
+        return harness.interleaved(cycles, count=args.approvals, warmup=args.warmup)
+    finally:
+        for c in [*cycles.values(), *clients]:
+            c.close()
+        for server in servers:
+            server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--approvals", type=int, default=300)
@@ -90,6 +144,9 @@ def main() -> None:
     parser.add_argument("--per-conversation", type=int, default=50)
     parser.add_argument(
         "--redis", default="", help="a Redis URL: Studio on the Redis layer instead of in-memory"
+    )
+    parser.add_argument(
+        "--interleave", action="store_true", help="all systems at once, one approval each in turn"
     )
     args = parser.parse_args()
 
@@ -105,18 +162,20 @@ def main() -> None:
         ("channels", lambda: channels_round(args, peer_user)),
         ("origin", lambda: origin_round(args)),
     ]
+    figures = {"studio": studio, "channels": channels, "origin": origin}
     for r in range(args.rounds):
-        order = runs[r % len(runs) :] + runs[: r % len(runs)]  # alternate who goes first
-        for name, run in order:
-            trips = run()
-            {"studio": studio, "channels": channels, "origin": origin}[name].add(
-                trips.total, trips.cpu
-            )
-            if name == "studio":
-                studio_post.add(trips.post)
+        if args.interleave:
+            results = interleaved_round(args, peer_user)
+        else:
+            order = runs[r % len(runs) :] + runs[: r % len(runs)]  # alternate who goes first
+            results = {name: run() for name, run in order}
+        for name, trips in results.items():
+            figures[name].add(trips.total, trips.cpu)
+        studio_post.add(results["studio"].post)
+    how = "interleaved" if args.interleave else "alternating"
     print(
         f"approval round trip (decision POST sent -> tool result received), "
-        f"{args.approvals} approvals x {args.rounds} alternating rounds, medians:"
+        f"{args.approvals} approvals x {args.rounds} {how} rounds, medians:"
     )
     for figures in (studio, studio_post, channels, origin):
         print("  " + figures.line())
@@ -124,6 +183,13 @@ def main() -> None:
         f"  ratio Studio / Channels peer: p50 {studio.median_p50 / channels.median_p50:.2f}x, "
         f"CPU {studio.median_cpu / channels.median_cpu:.2f}x;  "
         f"Studio / origin: p50 {studio.median_p50 / origin.median_p50:.2f}x"
+    )
+    p50s = [a / b for a, b in zip(studio.p50, channels.p50, strict=True)]
+    cpus = [a / b for a, b in zip(studio.cpu, channels.cpu, strict=True)]
+    print(
+        f"  the rounds' own ratios Studio / Channels peer: p50 "
+        f"{', '.join(f'{x:.2f}' for x in p50s)} (median {statistics.median(p50s):.2f}x); CPU "
+        f"{', '.join(f'{x:.2f}' for x in cpus)} (median {statistics.median(cpus):.2f}x)"
     )
     print(f"  (CPU from /proc at {1000 / harness.CLK_TCK:.0f} ms ticks, averaged per approval)")
 
