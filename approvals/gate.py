@@ -14,6 +14,11 @@ The gate holds no decisions itself; the ``ToolApproval`` row is the truth. A
 wake from this process's own decision carries the committed row so the run
 need not read it again; a wake from elsewhere (another process, the poller)
 carries nothing and the run re-reads the row.
+
+A decision made here for a run parked here may also hand the slot its card's
+broadcast, already on a short timer (``card``): the run's next fragments
+carry it to the tabs, one message instead of two, unless the timer sends it
+first.
 """
 
 from __future__ import annotations
@@ -36,15 +41,26 @@ class Slot(Latch):
         self.run_id = run_id
         # The decided row, when the wake came from this process's decision.
         self.outcome: Any = None
+        # The decided card's delayed broadcast (a ``studio.runtime.Later``),
+        # for the run's next fragments to take along.
+        self.card: Any = None
         # True while a run is parked on it (the poller re-reads only these).
         self.waiting = False
 
-    def wake(self, outcome: Any = None) -> None:
+    def wake(self, outcome: Any = None, card: Any = None) -> None:
         def keep() -> None:
             if outcome is not None:
                 self.outcome = outcome
+            if card is not None:
+                self.card = card
 
         self._set(keep)
+
+    def take_card(self) -> Any:
+        """The card handed over by the wake, once (None if there is none)."""
+        with self._lock:
+            card, self.card = self.card, None
+        return card
 
     def is_woken(self) -> bool:
         return self.is_set()
@@ -100,7 +116,7 @@ class Gate:
             self._by_run.setdefault(run_id, set()).add(approval_id)
         return slot
 
-    def wake(self, approval_id: str, outcome: Any = None) -> bool:
+    def wake(self, approval_id: str, outcome: Any = None, card: Any = None) -> bool:
         """Wake the waiter of ``approval_id`` if it lives here; False otherwise."""
         if not approval_id:
             return False
@@ -108,8 +124,14 @@ class Gate:
             slot = self._slots.get(approval_id)
         if slot is None:
             return False
-        slot.wake(outcome)
+        slot.wake(outcome, card)
         return True
+
+    def is_parked(self, approval_id: str) -> bool:
+        """True while a run of this process is parked on ``approval_id``."""
+        with self._lock:
+            slot = self._slots.get(approval_id)
+        return slot is not None and slot.waiting
 
     def discard(self, slot: Slot) -> None:
         """Remove ``slot``; the waiter calls this on every way out of its wait."""

@@ -73,6 +73,12 @@ MAX_BATCH = 100
 # (approvals.consumers.REFRESH_SECONDS). Measured with bench/ab.py rt: the
 # round trip 0.87x, its CPU 0.84x, with the count's message out of its way.
 INBOX_DELAY_SECONDS = 0.02
+# A card decided for a run parked in this process waits at most this long for
+# the run's next fragments to carry it (see _decided); a tool's result
+# usually comes first. The member who decided sees the card at once (the
+# decision's answer); other tabs, by this much later at worst. Measured with
+# bench/ab.py rt: see bench/RESULTS.md (change 25).
+CARD_SECONDS = 0.15
 
 # The poller re-reads every waiting row this often besides its quick look
 # at what was decided lately (which a skewed clock could in theory miss).
@@ -409,9 +415,8 @@ def approval_decide(
     # Outside the atomic block the update is committed (inside a caller's
     # transaction, on_commit waits for it). The waiter first: the card can
     # be drawn while the tool already runs.
-    transaction.on_commit(lambda: _wake_waiter(approval))
     html = card_render(approval)
-    transaction.on_commit(lambda: _card_broadcast(approval, html))
+    transaction.on_commit(lambda: _decided(approval, html))
     return DecideResult(resolved=True, approval=approval, card_html=html)
 
 
@@ -523,30 +528,45 @@ def approvals_decide(
     return answers
 
 
-def _wake_waiter(approval: ToolApproval) -> None:
-    """Wake the run waiting on ``approval``, here or in its own process."""
+def _decided(approval: ToolApproval, html: str) -> None:
+    """After a decision commits: wake the run waiting on it, then show every tab the card.
+
+    When the run is parked in this process, the card rides with the run's
+    next fragments (the tool's result when it is quick): its broadcast is
+    handed to the run on a CARD_SECONDS timer, which sends it alone if they
+    are slower. One message to the tabs instead of two.
+    """
     rt = runtime()
+    message = _card_message(approval, html)
+    card = None
+    # (An Always allow's card also redraws the settings panel: sent as it is.)
+    if approval.reason != Reason.ALWAYS_ALLOW and rt.gate.is_parked(approval.approval_id):
+        card = rt.outbox.group_later(approval.conversation.group_name, message, CARD_SECONDS)
     # Here: hand the run the committed row, so it need not read it again.
-    if not rt.gate.wake(approval.approval_id, outcome=approval):
+    if not rt.gate.wake(approval.approval_id, outcome=approval, card=card):
         inbox = approval.waiter_inbox
         if inbox and inbox != rt.inbox.name:
             rt.outbox.channel(
                 inbox, {"type": "approval.decided", "approval_id": approval.approval_id}
             )
+    if card is None:
+        rt.outbox.group(approval.conversation.group_name, message)
+    inbox_broadcast(approval)
 
 
 def _card_broadcast(approval: ToolApproval, html: str) -> None:
-    runtime().outbox.group(
-        approval.conversation.group_name,
-        {
-            "type": "approval.changed",
-            "approval_id": approval.approval_id,
-            "status": approval.status,
-            "reason": approval.reason,
-            "html": html,
-        },
-    )
+    runtime().outbox.group(approval.conversation.group_name, _card_message(approval, html))
     inbox_broadcast(approval)
+
+
+def _card_message(approval: ToolApproval, html: str) -> dict:
+    return {
+        "type": "approval.changed",
+        "approval_id": approval.approval_id,
+        "status": approval.status,
+        "reason": approval.reason,
+        "html": html,
+    }
 
 
 def inbox_broadcast(approval: ToolApproval) -> None:

@@ -198,6 +198,7 @@ class Stepper:
         self.agent_events = None
         self.agent: Agent | None = None
         self.publisher: Publisher | None = None
+        self.parked: events.Park | None = None
         self.status, self.error = Run.Status.DONE, ""
 
     def step(self) -> events.Park | None:
@@ -206,10 +207,16 @@ class Stepper:
         try:
             if self.agent_events is None:
                 self._begin()
+            if self.parked is not None:
+                # A decision made here may have handed over its card: it
+                # leaves with this step's first fragments.
+                self.publisher.carry(self.parked.slot.take_card())
+                self.parked = None
             while True:
                 event = next(self.agent_events)
                 if isinstance(event, events.Park):
                     self.publisher.flush()
+                    self.parked = event
                     return event
                 self._track(event)
                 self.publisher.event(event)
@@ -319,6 +326,14 @@ class Publisher:
     def send(self, html: str) -> None:
         """Queue ``html``; it leaves with the next flush."""
         self.pending.append(html)
+
+    def carry(self, later: Later | None) -> None:
+        """Take a message already on a timer (a decided card) along with the next flush.
+
+        It goes first in that flush if its timer has not sent it by then.
+        """
+        if later is not None and self.later is None:
+            self.later = later
 
     def flush(self, *, delay: float = 0.0) -> None:
         """Send what is queued (and the buffered deltas) as one message.

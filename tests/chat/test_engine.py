@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import uuid
+from dataclasses import replace
 
 import pytest
 from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
 from django.db import connection
 from django.http import HttpRequest
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 
+from approvals import services
 from approvals.models import ToolApproval
 from approvals.services import approval_decide
+from chat import engine
 from chat.engine import Stepper, run_launch, run_stop
 from chat.models import Message, Run
 from chat.services import run_create
@@ -268,3 +273,137 @@ async def test_a_runs_first_step_does_not_read_back_what_its_launch_wrote(rt, al
     # one that keeps the launching request alive.
     assert type(stepper.agent.user) is type(alice) and stepper.agent.user.pk == alice.pk
     assert stepper.local.launched is None, "handed over once, not kept"
+
+
+# -- the decided card and the run's next fragments -------------------------------------
+
+
+class Tab:
+    """A channel in the conversation's group: what a tab is sent."""
+
+    def __init__(self, layer, channel) -> None:
+        self.layer, self.channel = layer, channel
+
+    @classmethod
+    async def open(cls, conversation) -> Tab:
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(conversation.group_name, channel)
+        return cls(layer, channel)
+
+    async def next(self, timeout: float = BOUND) -> dict:
+        return await asyncio.wait_for(self.layer.receive(self.channel), timeout)
+
+    async def until(self, needle: str) -> dict:
+        """Every message up to the first whose HTML holds ``needle``; returns that one."""
+        while needle not in (message := await self.next())["html"]:
+            pass
+        return message
+
+
+@pytest.fixture
+def held_python(monkeypatch):
+    """The python tool answers only once the test lets it (or BOUND passes)."""
+    from chat import tools
+    from chat.tools.base import ToolResult
+
+    release = threading.Event()
+
+    def run(arguments, **_):
+        release.wait(BOUND)
+        return ToolResult(f"held {arguments['code']}")
+
+    held = tuple(replace(t, run=run) if t.name == "python" else t for t in tools.ALWAYS)
+    monkeypatch.setattr(tools, "ALWAYS", held)
+    return release
+
+
+async def test_a_card_decided_for_a_run_parked_here_reaches_the_tabs_with_its_result(
+    rt, conversation, alice, monkeypatch
+):
+    """One message, the card first: the run's next fragments carry it."""
+    # Neither the card nor the status line leaves on a timer here: only the
+    # run's fragments can bring the card.
+    monkeypatch.setattr(services, "CARD_SECONDS", BOUND)
+    monkeypatch.setattr(engine, "STATUS_SECONDS", BOUND)
+    tab = await Tab.open(conversation)
+    approval = await parked(rt, conversation)
+    await tab.until('data-status="pending"')
+
+    await sync_to_async(approval_decide)(
+        approval_id=approval.approval_id, user=alice, decision="allow"
+    )
+
+    message = await tab.next()
+    html = message["html"]
+    assert message["type"] == "chat.fragment"
+    assert f'id="approval-{approval.approval_id}"' in html and 'data-status="allowed"' in html
+    assert html.index('data-status="allowed"') < html.index("data-tool-result=")
+    assert re.search(r'<pre class="output">42\s*</pre>', html)
+    await until(lambda: finished(conversation))
+
+
+async def test_a_slow_tool_does_not_hold_the_decided_card_back(
+    rt, conversation, alice, held_python
+):
+    tab = await Tab.open(conversation)
+    approval = await parked(rt, conversation)
+    await tab.until('data-status="pending"')
+
+    await sync_to_async(approval_decide)(
+        approval_id=approval.approval_id, user=alice, decision="allow"
+    )
+
+    # The tool is still running: the card comes on its timer, without a result.
+    html = (await tab.until('data-status="allowed"'))["html"]
+    assert "data-tool-result=" not in html
+    held_python.set()
+    html = (await tab.until("data-tool-result="))["html"]
+    assert "held print(6 * 7)" in html
+    await until(lambda: finished(conversation))
+
+
+async def test_a_run_that_cannot_step_yet_does_not_hold_the_decided_card_back(
+    rt, conversation, alice
+):
+    """Every worker busy: the woken run waits for one, and the card goes on its own."""
+    tab = await Tab.open(conversation)
+    approval = await parked(rt, conversation)
+    await tab.until('data-status="pending"')
+    busy = threading.Event()
+    loop = asyncio.get_running_loop()
+    blockers = [
+        loop.run_in_executor(rt.agent_pool, busy.wait, BOUND) for _ in range(rt.agent_pool.workers)
+    ]
+    await until(lambda: rt.agent_pool.busy == rt.agent_pool.workers)
+    try:
+        await sync_to_async(approval_decide)(
+            approval_id=approval.approval_id, user=alice, decision="allow"
+        )
+        message = await tab.until('data-status="allowed"')
+        assert message["type"] == "approval.changed"
+        assert not await sync_to_async(finished)(conversation)  # the run has not moved
+    finally:
+        busy.set()
+        await asyncio.gather(*blockers)
+    await tab.until("data-tool-result=")
+    await until(lambda: finished(conversation))
+
+
+async def test_an_always_allow_card_is_sent_at_once_with_its_settings(
+    rt, conversation, alice, monkeypatch, held_python
+):
+    """Its tabs also redraw the rules panel: it goes as the decision's own message."""
+    monkeypatch.setattr(services, "CARD_SECONDS", BOUND)
+    tab = await Tab.open(conversation)
+    approval = await parked(rt, conversation)
+    await tab.until('data-status="pending"')
+
+    await sync_to_async(approval_decide)(
+        approval_id=approval.approval_id, user=alice, decision="always"
+    )
+
+    message = await tab.until('data-status="allowed"')
+    assert (message["type"], message["reason"]) == ("approval.changed", "always_allow")
+    held_python.set()
+    await until(lambda: finished(conversation))
