@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
+import math
 import queue
 import threading
 import weakref
@@ -120,6 +123,11 @@ class Later:
         self._lock = threading.Lock()
         self._done = False
 
+    @property
+    def settled(self) -> bool:
+        """Taken back or sent."""
+        return self._done
+
     def take_back(self) -> bool:
         """True if it was not sent and now never will be; False if it is on its way.
 
@@ -146,12 +154,25 @@ class Outbox:
     Delivery is at most once (the row is the truth): a send that fails is
     logged and dropped. With no server loop running (a management command, a
     plain test) a send is made synchronously instead.
+
+    Delayed sends (``group_later``) share one timer on the loop, set for the
+    earliest one still to go. A worker thread wakes the loop only when its
+    send is due before that: a status line or a card taken back a moment
+    later (most of them) costs the loop nothing, where a timer of its own
+    cost two turns of the loop, one to set it and one to fire it.
     """
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
+        # Delayed sends: a heap of (due, seq, Later, item), on loop.time().
+        self._timers: list[tuple] = []
+        self._timers_lock = threading.Lock()
+        self._seq = itertools.count()
+        # When the loop's timer fires next (inf: not set), and its handle.
+        self._wake_at = math.inf
+        self._handle: asyncio.TimerHandle | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -161,6 +182,11 @@ class Outbox:
     async def close(self) -> None:
         if self._task is not None:
             await _cancel([self._task])
+        if self._handle is not None:
+            self._handle.cancel()
+        with self._timers_lock:
+            self._timers.clear()
+            self._wake_at, self._handle = math.inf, None
         self.loop = self._queue = self._task = None
 
     def group(self, group: str, message: dict, *, wait: bool = False) -> None:
@@ -195,19 +221,46 @@ class Outbox:
             later.fire()
             self._put(item)
             return later
-
-        def fire() -> None:
-            if later.fire():
-                q.put_nowait(item)
-
-        def arm() -> None:
-            loop.call_later(delay, fire)
-
-        if _running_loop() is loop:
-            arm()
-        else:
-            loop.call_soon_threadsafe(arm)
+        due = loop.time() + delay
+        with self._timers_lock:
+            heapq.heappush(self._timers, (due, next(self._seq), later, item))
+            sooner = due < self._wake_at
+            if sooner:
+                self._wake_at = due  # the timer is being set for this one or sooner
+        if sooner:
+            if _running_loop() is loop:
+                self._set_timer()
+            else:
+                loop.call_soon_threadsafe(self._set_timer)
         return later
+
+    def _set_timer(self) -> None:
+        """(On the loop.) Set the one timer for the earliest delayed send still to go."""
+        loop = self.loop
+        if loop is None:
+            return
+        with self._timers_lock:
+            while self._timers and self._timers[0][2].settled:
+                heapq.heappop(self._timers)  # taken back: nothing to wake for
+            due = self._timers[0][0] if self._timers else math.inf
+            self._wake_at = due
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = None if due == math.inf else loop.call_at(due, self._fire_due)
+
+    def _fire_due(self) -> None:
+        """(On the loop.) Send every delayed message whose time has come, then reset the timer."""
+        self._handle = None
+        now = self.loop.time()
+        due = []
+        with self._timers_lock:
+            while self._timers and self._timers[0][0] <= now:
+                due.append(heapq.heappop(self._timers))
+            self._wake_at = math.inf
+        for _, _, later, item in due:
+            if later.fire():
+                self._queue.put_nowait(item)
+        self._set_timer()
 
     def channel(self, channel: str, message: dict) -> None:
         if channel:

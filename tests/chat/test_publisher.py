@@ -84,6 +84,59 @@ async def test_a_later_send_taken_back_in_time_is_never_sent(tab):
     await tab.nothing_more()
 
 
+async def test_delayed_sends_leave_in_the_order_they_are_due_not_asked(tab):
+    """One timer for them all: a send due sooner than the timer sets it again."""
+    later = tab.rt.outbox.group_later
+    await tab.step(later, tab.group, {"type": "t", "html": "slow"}, 5.0)
+    await tab.step(later, tab.group, {"type": "t", "html": "first"}, 0.02)
+    taken = await tab.step(later, tab.group, {"type": "t", "html": "taken back"}, 0.05)
+    await tab.step(later, tab.group, {"type": "t", "html": "quick"}, 0.1)
+    await tab.step(later, tab.group, {"type": "t", "html": "quicker"}, 0.05)
+    assert taken.take_back()
+
+    assert await tab.next() == "first"
+    assert await tab.next() == "quicker"
+    assert await tab.next() == "quick"
+    await tab.nothing_more()  # the 5 s one is not due yet
+
+
+async def test_a_delayed_send_due_after_the_timer_does_not_wake_the_loop(tab, monkeypatch):
+    loop = asyncio.get_running_loop()
+    wakes = []
+    real = loop.call_soon_threadsafe
+
+    def counted(callback, *args, **kwargs):
+        if callback == tab.rt.outbox._set_timer:
+            wakes.append(callback)
+        return real(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+
+    def ten_status_lines():
+        for i in range(10):
+            tab.rt.outbox.group_later(tab.group, {"type": "t", "html": f"s{i}"}, 0.2 + i / 100)
+
+    await tab.step(ten_status_lines)
+
+    assert len(wakes) == 1  # the first set the timer; the others were due after it
+    assert [await tab.next() for _ in range(10)] == [f"s{i}" for i in range(10)]
+
+
+async def test_a_delayed_send_taken_back_sets_no_timer_of_its_own(tab, monkeypatch):
+    outbox = tab.rt.outbox
+    fired = []
+    real = outbox._fire_due
+    monkeypatch.setattr(outbox, "_fire_due", lambda: (fired.append(1), real()))
+    taken = await tab.step(outbox.group_later, tab.group, {"type": "t", "html": "y"}, 0.3)
+    await tab.step(outbox.group_later, tab.group, {"type": "t", "html": "x"}, 0.05)
+    await tab.step(outbox.group_later, tab.group, {"type": "t", "html": "z"}, 30.0)
+    assert taken.take_back()
+
+    assert await tab.next() == "x"
+    await tab.nothing_more()  # past the time "y" was due: no turn of the loop for it
+    assert fired == [1]
+
+
 async def test_a_quick_steps_status_goes_with_its_result_in_one_message(tab, monkeypatch):
     monkeypatch.setattr(engine, "STATUS_SECONDS", 30.0)
     publisher = tab.publisher
