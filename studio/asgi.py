@@ -12,10 +12,15 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "studio.settings")
 # Set up Django (apps, settings) before anything imports models.
 django.setup(set_prefix=False)
 
-from studio.handlers import OneHopASGIHandler, daphne_skips_form_parsing  # noqa: E402
+from studio.handlers import (  # noqa: E402
+    OneHopASGIHandler,
+    daphne_skips_discarded_access_log,
+    daphne_skips_form_parsing,
+)
 
 django_asgi_app = OneHopASGIHandler()
 daphne_skips_form_parsing()
+daphne_skips_discarded_access_log()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -23,6 +23,7 @@ from django.core.exceptions import RequestAborted
 from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.urls import set_script_prefix
+from twisted.web import http
 
 from studio.runtime import runtime
 
@@ -70,6 +71,23 @@ class _WebRequest(http_protocol.WebRequest):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, parsePOSTFormSubmission=False, **kwargs)
+
+
+def _access_log(self, request) -> None:
+    """Twisted's access line, written only where daphne lets Twisted's log go."""
+    if self.server.verbosity > 1:
+        http.HTTPFactory.log(self, request)
+
+
+def daphne_skips_discarded_access_log() -> None:
+    """Format Twisted's access line only when it goes somewhere.
+
+    Twisted's ``HTTPFactory`` formats a Combined Log Format line for every
+    request and writes it to Twisted's log; daphne, below verbosity 2 (its
+    default is 1), sends that log nowhere. daphne's own access log (its
+    ``--access-log``, stdout at verbosity 1) is another one and stays.
+    """
+    http_protocol.HTTPFactory.log = _access_log
 
 
 def daphne_skips_form_parsing() -> None:

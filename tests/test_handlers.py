@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -48,6 +49,29 @@ def test_a_form_body_reaches_the_application_whole_and_unparsed(request_class, a
     request = received(request_class)
     assert request.args == args
     assert request.content.read() == BODY  # what daphne sends the application
+
+
+def access_lines(verbosity: int) -> str:
+    """What daphne's HTTP factory writes to Twisted's log for one request."""
+    from daphne.server import Server
+    from twisted.web import http
+
+    # (A server is only built here; it listens once run.)
+    server = Server(application=None, endpoints=["tcp:port=0"], verbosity=verbosity)
+    factory = http_protocol.HTTPFactory(server)
+    factory._logDateTime = "[04/Dec/2026:17:00:00 +0000]"
+    factory._logFile = io.StringIO()
+    request = http.Request(DummyChannel(), False)
+    request.method, request.uri, request.clientproto = b"POST", b"/approvals/x/decide/", b"HTTP/1.1"
+    request.code, request.sentLength = 200, 60
+    factory.log(request)
+    return factory._logFile.getvalue()
+
+
+def test_twisted_formats_no_access_line_for_a_log_daphne_discards():
+    assert access_lines(verbosity=1) == ""  # daphne's default: Twisted's log goes nowhere
+    # At verbosity 2 daphne passes Twisted's log on: the line is written.
+    assert '"POST /approvals/x/decide/ HTTP/1.1" 200 60' in access_lines(verbosity=2)
 
 
 def test_serving_studio_leaves_its_startup_objects_out_of_full_collections():
