@@ -301,6 +301,20 @@ class Tab:
         return message
 
 
+async def watched(rt, conversation) -> tuple[Tab, ToolApproval]:
+    """A tab on a run parked on its pending card, with everything before the card read."""
+    tab = await Tab.open(conversation)
+    approval = await parked(rt, conversation)
+    await tab.until('data-status="pending"')
+    return tab, approval
+
+
+async def decide(approval, user, decision: str) -> None:
+    await sync_to_async(approval_decide)(
+        approval_id=approval.approval_id, user=user, decision=decision
+    )
+
+
 @pytest.fixture
 def held_python(monkeypatch):
     """The python tool answers only once the test lets it (or BOUND passes)."""
@@ -326,13 +340,9 @@ async def test_a_card_decided_for_a_run_parked_here_reaches_the_tabs_with_its_re
     # run's fragments can bring the card.
     monkeypatch.setattr(services, "CARD_SECONDS", BOUND)
     monkeypatch.setattr(engine, "STATUS_SECONDS", BOUND)
-    tab = await Tab.open(conversation)
-    approval = await parked(rt, conversation)
-    await tab.until('data-status="pending"')
+    tab, approval = await watched(rt, conversation)
 
-    await sync_to_async(approval_decide)(
-        approval_id=approval.approval_id, user=alice, decision="allow"
-    )
+    await decide(approval, alice, "allow")
 
     message = await tab.next()
     html = message["html"]
@@ -346,13 +356,9 @@ async def test_a_card_decided_for_a_run_parked_here_reaches_the_tabs_with_its_re
 async def test_a_slow_tool_does_not_hold_the_decided_card_back(
     rt, conversation, alice, held_python
 ):
-    tab = await Tab.open(conversation)
-    approval = await parked(rt, conversation)
-    await tab.until('data-status="pending"')
+    tab, approval = await watched(rt, conversation)
 
-    await sync_to_async(approval_decide)(
-        approval_id=approval.approval_id, user=alice, decision="allow"
-    )
+    await decide(approval, alice, "allow")
 
     # The tool is still running: the card comes on its timer, without a result.
     html = (await tab.until('data-status="allowed"'))["html"]
@@ -367,9 +373,7 @@ async def test_a_run_that_cannot_step_yet_does_not_hold_the_decided_card_back(
     rt, conversation, alice
 ):
     """Every worker busy: the woken run waits for one, and the card goes on its own."""
-    tab = await Tab.open(conversation)
-    approval = await parked(rt, conversation)
-    await tab.until('data-status="pending"')
+    tab, approval = await watched(rt, conversation)
     busy = threading.Event()
     loop = asyncio.get_running_loop()
     blockers = [
@@ -377,9 +381,7 @@ async def test_a_run_that_cannot_step_yet_does_not_hold_the_decided_card_back(
     ]
     await until(lambda: rt.agent_pool.busy == rt.agent_pool.workers)
     try:
-        await sync_to_async(approval_decide)(
-            approval_id=approval.approval_id, user=alice, decision="allow"
-        )
+        await decide(approval, alice, "allow")
         message = await tab.until('data-status="allowed"')
         assert message["type"] == "approval.changed"
         assert not await sync_to_async(finished)(conversation)  # the run has not moved
@@ -395,13 +397,9 @@ async def test_an_always_allow_card_is_sent_at_once_with_its_settings(
 ):
     """Its tabs also redraw the rules panel: it goes as the decision's own message."""
     monkeypatch.setattr(services, "CARD_SECONDS", BOUND)
-    tab = await Tab.open(conversation)
-    approval = await parked(rt, conversation)
-    await tab.until('data-status="pending"')
+    tab, approval = await watched(rt, conversation)
 
-    await sync_to_async(approval_decide)(
-        approval_id=approval.approval_id, user=alice, decision="always"
-    )
+    await decide(approval, alice, "always")
 
     message = await tab.until('data-status="allowed"')
     assert (message["type"], message["reason"]) == ("approval.changed", "always_allow")
