@@ -29,110 +29,61 @@ import httpx
 
 from deploy.cluster import DaphneProcess
 
-
-def studio_round(args) -> harness.RoundTrips:
-    user, session = harness.make_member(f"bench{harness.time.monotonic_ns()}")
-    server = DaphneProcess(
+SERVERS = {
+    "studio": lambda: DaphneProcess(
         env=harness.server_env(),
         app="bench.asgi:application",
         log_path=harness.ROOT / "bench" / ".bench-roundtrip.log",
-    ).start()
-    http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
-    try:
-        return harness.round_trips(
-            ws_server=server,
-            user=user,
-            session=session,
-            decide=harness.member_allow(http),
-            count=args.approvals,
-            warmup=args.warmup,
-            per_conversation=args.per_conversation,
-            cpu_pid=server.pid,
-        )
-    finally:
-        http.close()
-        server.stop()
-
-
-def channels_round(args, user) -> harness.RoundTrips:
-    server = DaphneProcess(env=harness.peer_env(), app="bench.peers.channels_peer:application")
-    server.start()
-    http = httpx.Client(base_url=server.url, timeout=10)
-    try:
-        return harness.round_trips(
-            ws_server=server,
-            user=user,
-            session="",
-            decide=lambda approval_id: http.post(
-                f"/approvals/{approval_id}/decide/", data={"decision": "allow"}
-            ),
-            count=args.approvals,
-            warmup=args.warmup,
-            per_conversation=args.per_conversation,
-            cpu_pid=server.pid,
-        )
-    finally:
-        http.close()
-        server.stop()
-
-
-def origin_round(args) -> harness.RoundTrips:
-    server = DaphneProcess(
+    ),
+    "channels": lambda: DaphneProcess(
+        env=harness.peer_env(), app="bench.peers.channels_peer:application"
+    ),
+    "origin": lambda: DaphneProcess(
         env=harness.peer_env(), app="bench.peers.origin_peer:app", server="uvicorn"
-    ).start()
-    try:
-        return harness.origin_round_trips(
-            server=server, count=args.approvals, warmup=args.warmup, cpu_pid=server.pid
-        )
-    finally:
-        server.stop()
+    ),
+}
 
 
-def interleaved_round(args, peer_user) -> dict[str, harness.RoundTrips]:
-    """The three systems up at once, one approval on each in turn."""
-    user, session = harness.make_member(f"bench{harness.time.monotonic_ns()}")
-    studio = DaphneProcess(
-        env=harness.server_env(),
-        app="bench.asgi:application",
-        log_path=harness.ROOT / "bench" / ".bench-roundtrip.log",
+def cycles_for(name: str, server, args, peer_user, clients: list):
+    """The approvals of one system, on its started ``server``."""
+    if name == "origin":
+        return harness.OriginCycles(server=server, cpu_pid=server.pid)
+    if name == "studio":
+        user, session = harness.make_member(f"bench{harness.time.monotonic_ns()}")
+        http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
+        decide = harness.member_allow(http)
+    else:  # the Channels peer: no login, no CSRF
+        user, session = peer_user, ""
+        http = httpx.Client(base_url=server.url, timeout=10)
+
+        def decide(approval_id: str, http=http):
+            return http.post(f"/approvals/{approval_id}/decide/", data={"decision": "allow"})
+
+    clients.append(http)
+    return harness.SocketCycles(
+        ws_server=server,
+        user=user,
+        session=session,
+        decide=decide,
+        per_conversation=args.per_conversation,
+        cpu_pid=server.pid,
     )
-    channels = DaphneProcess(env=harness.peer_env(), app="bench.peers.channels_peer:application")
-    origin = DaphneProcess(
-        env=harness.peer_env(), app="bench.peers.origin_peer:app", server="uvicorn"
-    )
-    servers = [studio, channels, origin]
+
+
+def measure(names: list[str], args, peer_user) -> dict[str, harness.RoundTrips]:
+    """The systems ``names`` up at once, one approval on each in turn (one name: alone)."""
+    servers = {name: SERVERS[name]() for name in names}
     clients: list[httpx.Client] = []
     cycles: dict = {}
     try:
-        for server in servers:
+        for name, server in servers.items():
             server.start()
-        studio_http = httpx.Client(base_url=studio.url, cookies={"sessionid": session}, timeout=10)
-        channels_http = httpx.Client(base_url=channels.url, timeout=10)
-        clients += [studio_http, channels_http]
-        cycles["studio"] = harness.SocketCycles(
-            ws_server=studio,
-            user=user,
-            session=session,
-            decide=harness.member_allow(studio_http),
-            per_conversation=args.per_conversation,
-            cpu_pid=studio.pid,
-        )
-        cycles["channels"] = harness.SocketCycles(
-            ws_server=channels,
-            user=peer_user,
-            session="",
-            decide=lambda approval_id: channels_http.post(
-                f"/approvals/{approval_id}/decide/", data={"decision": "allow"}
-            ),
-            per_conversation=args.per_conversation,
-            cpu_pid=channels.pid,
-        )
-        cycles["origin"] = harness.OriginCycles(server=origin, cpu_pid=origin.pid)
+            cycles[name] = cycles_for(name, server, args, peer_user, clients)
         return harness.interleaved(cycles, count=args.approvals, warmup=args.warmup)
     finally:
         for c in [*cycles.values(), *clients]:
             c.close()
-        for server in servers:
+        for server in servers.values():
             server.stop()
 
 
@@ -157,18 +108,14 @@ def main() -> None:
     channels = harness.Figures("peer: Django Channels, minimal")
     origin = harness.Figures("peer: origin (FastAPI+SSE+to_thread)")
     studio_post = harness.Figures("Studio, the POST's own response")
-    runs = [
-        ("studio", lambda: studio_round(args)),
-        ("channels", lambda: channels_round(args, peer_user)),
-        ("origin", lambda: origin_round(args)),
-    ]
+    names = list(SERVERS)
     figures = {"studio": studio, "channels": channels, "origin": origin}
     for r in range(args.rounds):
         if args.interleave:
-            results = interleaved_round(args, peer_user)
+            results = measure(names, args, peer_user)
         else:
-            order = runs[r % len(runs) :] + runs[: r % len(runs)]  # alternate who goes first
-            results = {name: run() for name, run in order}
+            order = names[r % len(names) :] + names[: r % len(names)]  # alternate who goes first
+            results = {name: measure([name], args, peer_user)[name] for name in order}
         for name, trips in results.items():
             figures[name].add(trips.total, trips.cpu)
         studio_post.add(results["studio"].post)
