@@ -537,11 +537,11 @@ def _decided(approval: ToolApproval, html: str) -> None:
     are slower. One message to the tabs instead of two.
     """
     rt = runtime()
-    message = _card_message(approval, html)
     card = None
     # (An Always allow's card also redraws the settings panel: sent as it is.)
     if approval.reason != Reason.ALWAYS_ALLOW and rt.gate.is_parked(approval.approval_id):
-        card = rt.outbox.group_later(approval.conversation.group_name, message, CARD_SECONDS)
+        group = approval.conversation.group_name
+        card = rt.outbox.group_later(group, _card_message(approval, html), CARD_SECONDS)
     # Here: hand the run the committed row, so it need not read it again.
     if not rt.gate.wake(approval.approval_id, outcome=approval, card=card):
         inbox = approval.waiter_inbox
@@ -550,8 +550,9 @@ def _decided(approval: ToolApproval, html: str) -> None:
                 inbox, {"type": "approval.decided", "approval_id": approval.approval_id}
             )
     if card is None:
-        rt.outbox.group(approval.conversation.group_name, message)
-    inbox_broadcast(approval)
+        _card_broadcast(approval, html)
+    else:
+        inbox_broadcast(approval)
 
 
 def _card_broadcast(approval: ToolApproval, html: str) -> None:
