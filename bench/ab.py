@@ -11,15 +11,16 @@ both on the same fresh SQLite database. The schema must be the same in both.
   idle chat tabs of another member open meanwhile.
 
 Prints each side's medians over rounds (p50, p99, server CPU per POST or
-approval from /proc) and B/A. ``rt --interleave``: each round starts both
-checkouts' servers at once and takes one approval on each in turn (the
-order swapped every approval), so A and B meet the same moments of the
+approval from /proc) and B/A. ``--interleave``: each round starts both
+checkouts' servers at once and takes one POST or approval on each in turn
+(the order swapped every time), so A and B meet the same moments of the
 machine; it also prints the median of the rounds' own B/A.
 
     git worktree add ../before HEAD~1
     .venv/bin/python bench/ab.py post --a ../before --b . --rounds 6 --n 400
     .venv/bin/python bench/ab.py rt --a ../before --b . --rounds 4 --n 200 --tabs 1000
     .venv/bin/python bench/ab.py rt --a ../before --b . --rounds 4 --n 250 --interleave
+    .venv/bin/python bench/ab.py post --a ../before --b . --rounds 4 --n 400 --interleave
 """
 
 from __future__ import annotations
@@ -77,6 +78,44 @@ def post_round(root: Path, n: int, warmup: int = 30) -> tuple[float, float, floa
         cpu = (harness.cpu_seconds(server.pid) - cpu0) / n
     server.stop()
     return statistics.median(latencies), harness.percentile(latencies, 99), cpu
+
+
+def post_round_interleaved(
+    roots: tuple[Path, Path], n: int, warmup: int = 30
+) -> dict[Path, tuple[float, float, float]]:
+    """Both checkouts' servers up at once, one POST on each in turn."""
+    servers, clients, allows = [], [], {}
+    try:
+        for root in roots:
+            user, session = member(root)
+            rows = harness.make_pending(user, harness.make_conversation(user), n + warmup)
+            server = start(root)
+            servers.append(server)
+            http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
+            clients.append(http)
+            allows[root] = (harness.member_allow(http), rows, server.pid)
+        latencies = {root: [] for root in roots}
+        cpu = dict.fromkeys(roots, 0.0)
+        for i in range(n + warmup):
+            for root in roots if i % 2 == 0 else roots[::-1]:
+                allow, rows, pid = allows[root]
+                cpu0 = harness.cpu_seconds(pid)
+                t0 = time.perf_counter()
+                response = allow(rows[i].approval_id)
+                elapsed = time.perf_counter() - t0
+                assert response.status_code == 200, response.text
+                if i >= warmup:
+                    latencies[root].append(elapsed)
+                    cpu[root] += harness.cpu_seconds(pid) - cpu0
+    finally:
+        for http in clients:
+            http.close()
+        for server in servers:
+            server.stop()
+    return {
+        root: (statistics.median(v), harness.percentile(v, 99), cpu[root] / n)
+        for root, v in latencies.items()
+    }
 
 
 def rt_round(root: Path, n: int, tabs: int = 0) -> tuple[float, ...]:
@@ -148,11 +187,13 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=400, help="POSTs or approvals per round")
     parser.add_argument("--tabs", type=int, default=0, help="rt: idle tabs of another member")
     parser.add_argument(
-        "--interleave", action="store_true", help="rt: A and B at once, one approval each in turn"
+        "--interleave",
+        action="store_true",
+        help="A and B at once, one POST or approval each in turn",
     )
     args = parser.parse_args()
-    if args.interleave and (args.kind != "rt" or args.tabs):
-        parser.error("--interleave is for rt without --tabs")
+    if args.interleave and args.tabs:
+        parser.error("--interleave is for runs without --tabs")
     roots = (args.a.resolve(), args.b.resolve())
     harness.setup_django(f"sqlite:///{harness.ROOT / 'bench' / '.bench-ab.sqlite3'}")
     if args.kind == "post":
@@ -162,7 +203,8 @@ def main() -> None:
     results: dict[Path, list[tuple[float, float, float]]] = {root: [] for root in roots}
     for r in range(args.rounds):
         if args.interleave:
-            for root, figures in rt_round_interleaved(roots, args.n).items():
+            both = post_round_interleaved if args.kind == "post" else rt_round_interleaved
+            for root, figures in both(roots, args.n).items():
                 results[root].append(figures)
             continue
         for root in roots if r % 2 == 0 else roots[::-1]:
