@@ -16,6 +16,8 @@ form POST (see there).
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 
 from daphne import http_protocol
 from django.core import signals
@@ -25,7 +27,9 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.urls import set_script_prefix
 from twisted.web import http
 
-from studio.runtime import runtime
+from studio.runtime import answering, runtime
+
+logger = logging.getLogger(__name__)
 
 
 class OneHopASGIHandler(ASGIHandler):
@@ -42,17 +46,29 @@ class OneHopASGIHandler(ASGIHandler):
             body_file = await self.read_body(receive)
         except RequestAborted:
             return
+        after: list[Callable[[], object]] = []  # see studio.runtime.once_answered
         try:
             loop = asyncio.get_running_loop()
-            response = await loop.run_in_executor(rt.http_pool, self._respond, scope, body_file)
+            response = await loop.run_in_executor(
+                rt.http_pool, self._respond, scope, body_file, after
+            )
             await self.send_response(response, send)
             if response.streaming:
                 await rt.off_loop(response.close, pool=rt.http_pool)
         finally:
             body_file.close()
+            for fn in after:
+                try:
+                    fn()
+                except Exception:
+                    logger.exception("a call left for after the answer failed")
 
-    def _respond(self, scope, body_file):
+    def _respond(self, scope, body_file, after: list[Callable[[], object]]):
         """The whole Django side of one request, on one pool thread."""
+        with answering(after):
+            return self._handle(scope, body_file)
+
+    def _handle(self, scope, body_file):
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, response = self.create_request(scope, body_file)

@@ -97,6 +97,37 @@ class DaemonPool(Executor):
         """Nothing to do: daemon threads end with the process."""
 
 
+# The calls a request handled on this thread leaves for after its answer.
+_ANSWERING = threading.local()
+
+
+@contextlib.contextmanager
+def answering(after: list[Callable[[], object]]):
+    """While handling one request on this thread: ``once_answered`` adds to ``after``.
+
+    The server calls what ``after`` holds once the answer is sent
+    (``studio.handlers.OneHopASGIHandler``), sent or not.
+    """
+    _ANSWERING.after = after
+    try:
+        yield
+    finally:
+        _ANSWERING.after = None
+
+
+def once_answered(fn: Callable[[], object]) -> bool:
+    """Have ``fn`` called once this thread's request is answered; False if there is none.
+
+    With no request being answered here (a test client, a worker thread, a
+    management command), the caller calls ``fn`` itself.
+    """
+    after = getattr(_ANSWERING, "after", None)
+    if after is None:
+        return False
+    after.append(fn)
+    return True
+
+
 def release_connection() -> None:
     """End of a unit of work on a pool thread.
 

@@ -405,3 +405,110 @@ async def test_an_always_allow_card_is_sent_at_once_with_its_settings(
     assert (message["type"], message["reason"]) == ("approval.changed", "always_allow")
     held_python.set()
     await until(lambda: finished(conversation))
+
+
+# -- a decision made by a request wakes the run once it is answered ---------------------
+
+
+async def post_decision(approval, user, decision: str = "allow") -> list[dict]:
+    """The decision POST through the server's own HTTP handler, as a browser's JSON
+    call; returns what the handler sent back."""
+    from django.middleware.csrf import _get_new_csrf_string
+    from django.test import Client
+
+    import studio.asgi
+
+    client = Client()
+    await sync_to_async(client.force_login)(user)
+    session, csrf = client.cookies["sessionid"].value, _get_new_csrf_string()
+    path = f"/approvals/{approval.approval_id}/decide/"
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+        "headers": [
+            (b"host", b"testserver"),
+            (b"cookie", f"sessionid={session}; csrftoken={csrf}".encode()),
+            (b"x-csrftoken", csrf.encode()),
+            (b"content-type", b"application/x-www-form-urlencoded"),
+            (b"accept", b"application/json"),
+        ],
+    }
+    body = f"decision={decision}".encode()
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await asyncio.wait_for(studio.asgi.django_asgi_app(scope, receive, send), BOUND)
+    return sent
+
+
+@pytest.fixture
+def answers_and_wakes(monkeypatch):
+    """The order in which the server answers requests and the gate wakes runs."""
+    from approvals.gate import Gate
+    from studio.handlers import OneHopASGIHandler
+
+    order = []
+    send_response, wake = OneHopASGIHandler.send_response, Gate.wake
+
+    async def answering(self, response, send):
+        await send_response(self, response, send)
+        order.append("answered")
+
+    def waking(self, approval_id, *args, **kwargs):
+        order.append("woken")
+        return wake(self, approval_id, *args, **kwargs)
+
+    monkeypatch.setattr(OneHopASGIHandler, "send_response", answering)
+    monkeypatch.setattr(Gate, "wake", waking)
+    return order
+
+
+async def test_a_decision_wakes_the_run_here_once_its_answer_is_sent(
+    rt, conversation, alice, settings, answers_and_wakes
+):
+    settings.STUDIO_APPROVAL_POLL_SECONDS = 300  # the decision's wake, never a poll
+    approval = await parked(rt, conversation)
+
+    sent = await post_decision(approval, alice)
+
+    assert sent[0]["status"] == 200, sent
+    assert answers_and_wakes == ["answered", "woken"]
+    await until(lambda: finished(conversation))
+    assert re.match(r"^42\s*$", await sync_to_async(tool_result)(conversation))
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def test_a_decision_whose_answer_cannot_be_sent_still_wakes_the_run(
+    rt, conversation, alice, settings, monkeypatch
+):
+    from studio.handlers import OneHopASGIHandler
+
+    async def client_gone(self, response, send):
+        raise ClientGone
+
+    settings.STUDIO_APPROVAL_POLL_SECONDS = 300  # the decision's wake, never a poll
+    monkeypatch.setattr(OneHopASGIHandler, "send_response", client_gone)
+    approval = await parked(rt, conversation)
+
+    with pytest.raises(ClientGone):
+        await post_decision(approval, alice)
+
+    await until(lambda: finished(conversation))
+    assert re.match(r"^42\s*$", await sync_to_async(tool_result)(conversation))
