@@ -66,20 +66,17 @@ class OneHopASGIHandler(ASGIHandler):
     def _respond(self, scope, body_file, after: list[Callable[[], object]]):
         """The whole Django side of one request, on one pool thread."""
         with answering(after):
-            return self._handle(scope, body_file)
-
-    def _handle(self, scope, body_file):
-        set_script_prefix(get_script_prefix(scope))
-        signals.request_started.send(sender=self.__class__, scope=scope)
-        request, response = self.create_request(scope, body_file)
-        if request is not None:
-            response = self.get_response(request)
-        response._handler_class = self.__class__
-        if not response.streaming:
-            # The body is in memory: close now, in the thread that used the
-            # database (request_finished gives its connection back).
-            response.close()
-        return response
+            set_script_prefix(get_script_prefix(scope))
+            signals.request_started.send(sender=self.__class__, scope=scope)
+            request, response = self.create_request(scope, body_file)
+            if request is not None:
+                response = self.get_response(request)
+            response._handler_class = self.__class__
+            if not response.streaming:
+                # The body is in memory: close now, in the thread that used the
+                # database (request_finished gives its connection back).
+                response.close()
+            return response
 
 
 class _WebRequest(http_protocol.WebRequest):
