@@ -404,17 +404,6 @@ def round_trips(
         cycles.close()
 
 
-def origin_round_trips(
-    *, server, count: int, warmup: int, cpu_pid: int | None = None
-) -> RoundTrips:
-    """``count`` sequential approvals on the origin's architecture (see ``OriginCycles``)."""
-    cycles = OriginCycles(server=server, cpu_pid=cpu_pid)
-    try:
-        return interleaved({"one": cycles}, count=count, warmup=warmup)["one"]
-    finally:
-        cycles.close()
-
-
 @dataclass
 class Figures:
     """One system's figures over several alternating rounds."""
