@@ -57,11 +57,15 @@ class OneHopASGIHandler(ASGIHandler):
                 await rt.off_loop(response.close, pool=rt.http_pool)
         finally:
             body_file.close()
-            for fn in after:
-                try:
-                    fn()
-                except Exception:
-                    logger.exception("a call left for after the answer failed")
+            try:
+                if after:
+                    await answer_written()
+            finally:
+                for fn in after:
+                    try:
+                        fn()
+                    except Exception:
+                        logger.exception("a call left for after the answer failed")
 
     def _respond(self, scope, body_file, after: list[Callable[[], object]]):
         """The whole Django side of one request, on one pool thread."""
@@ -77,6 +81,19 @@ class OneHopASGIHandler(ASGIHandler):
                 # database (request_finished gives its connection back).
                 response.close()
             return response
+
+
+async def answer_written() -> None:
+    """Return once Twisted has written out the answer just sent.
+
+    daphne hands the answer to Twisted, which buffers it and writes it when
+    the loop next finds the socket ready: on the loop's next turn, after the
+    callbacks already queued. Two turns later it is on its way. Work left for
+    after the answer (a woken run, a card to draw) started before that would
+    take the interpreter from the write.
+    """
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
 
 
 class _WebRequest(http_protocol.WebRequest):

@@ -105,8 +105,9 @@ _ANSWERING = threading.local()
 def answering(after: list[Callable[[], object]]):
     """While handling one request on this thread: ``once_answered`` adds to ``after``.
 
-    The server calls what ``after`` holds once the answer is sent
-    (``studio.handlers.OneHopASGIHandler``), sent or not.
+    The server calls what ``after`` holds, on its loop, once the answer is
+    written to the socket (``studio.handlers.OneHopASGIHandler``), or could
+    not be sent.
     """
     _ANSWERING.after = after
     try:

@@ -6,14 +6,19 @@ import io
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import pytest
 from daphne import http_protocol
 from twisted.web.test.requesthelper import DummyChannel
 
 import studio.asgi  # noqa: F401 - serving Studio installs the request class
+from deploy.cluster import DaphneProcess
 from studio import handlers
+from tests.helpers.procs import child_env
 
 BODY = b"decision=allow&note=ok"
 
@@ -88,3 +93,30 @@ def test_serving_studio_leaves_its_startup_objects_out_of_full_collections():
     frozen, tracked = map(int, done.stdout.split())
     assert frozen > 50_000  # Django, the apps and the libraries
     assert tracked < frozen / 10  # what a full collection still walks
+
+
+# How long tests.helpers.after_app holds the loop at most (its HOLD_SECONDS).
+HOLD_SECONDS = 5.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_what_is_left_for_after_an_answer_runs_once_the_client_has_it(tmp_path):
+    """A real daphne: the call left for after the answer holds the loop until the
+    client has the answer, which only works if the answer was written first."""
+    mark = tmp_path / "answered"
+    server = DaphneProcess(
+        env=child_env(STUDIO_TEST_AFTER_MARK=str(mark)),
+        app="tests.helpers.after_app:application",
+        log_path=tmp_path / "daphne.log",
+    ).start()
+    try:
+        response = httpx.get(f"{server.url}/test/after/", timeout=HOLD_SECONDS / 2)
+        assert (response.status_code, response.text) == (200, "answer")
+        mark.touch()
+        seen = Path(f"{mark}.seen")
+        deadline = time.monotonic() + 2 * HOLD_SECONDS
+        while not seen.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen.read_text() == "answered"
+    finally:
+        server.stop()
