@@ -47,7 +47,7 @@ from approvals.notify import REVIEWERS_GROUP, member_group
 from approvals.patterns import glob_escape
 from studio.cancel import CancelToken
 from studio.orm import PreparedRows, create_row, update_where
-from studio.runtime import once_answered, runtime
+from studio.runtime import once_answered, release_connection, runtime
 from studio.text import strip_nul, strip_nul_json
 
 logger = logging.getLogger(__name__)
@@ -108,11 +108,19 @@ class ClientInfo:
     user_agent: str = ""
 
 
-@dataclass(frozen=True)
 class DecideResult:
-    resolved: bool
-    approval: ToolApproval
-    card_html: str
+    """A decision's outcome; the card is drawn the first time someone asks for it."""
+
+    def __init__(self, *, resolved: bool, approval: ToolApproval, card_html: str | None = None):
+        self.resolved = resolved
+        self.approval = approval
+        self._card_html = card_html
+
+    @property
+    def card_html(self) -> str:
+        if self._card_html is None:
+            self._card_html = card_render(self.approval)
+        return self._card_html
 
 
 # --- reading ---------------------------------------------------------------
@@ -407,17 +415,16 @@ def approval_decide(
             ToolApproval.objects.filter(pk=approval.pk).update(**changes)
     if not updated:
         approval.refresh_from_db()
-        return DecideResult(resolved=False, approval=approval, card_html=card_render(approval))
+        return DecideResult(resolved=False, approval=approval)
     approval.status, approval.reason, approval.decided_by = status, reason, user
     approval.decided_at, approval.note = now, note
     for name, value in changes.items():
         setattr(approval, name, value)
     # Outside the atomic block the update is committed (inside a caller's
-    # transaction, on_commit waits for it). The waiter first: the card can
-    # be drawn while the tool already runs.
-    html = card_render(approval)
-    transaction.on_commit(lambda: _decided(approval, html))
-    return DecideResult(resolved=True, approval=approval, card_html=html)
+    # transaction, on_commit waits for it).
+    result = DecideResult(resolved=True, approval=approval)
+    transaction.on_commit(lambda: _decided(result))
+    return result
 
 
 def _audit_fields(approval: ToolApproval, now: datetime, client: ClientInfo | None) -> dict:
@@ -528,7 +535,7 @@ def approvals_decide(
     return answers
 
 
-def _decided(approval: ToolApproval, html: str) -> None:
+def _decided(result: DecideResult) -> None:
     """After a decision commits: wake the run waiting on it, then show every tab the card.
 
     When the run is parked in this process, the card rides with the run's
@@ -536,19 +543,25 @@ def _decided(approval: ToolApproval, html: str) -> None:
     handed to the run on a CARD_SECONDS timer, which sends it alone if they
     are slower. One message to the tabs instead of two.
 
-    A run of this process is woken once the decision's answer is sent
+    A run of this process is woken once the decision's answer is written
     (``once_answered``), not while the answer is still being built: the two
     would share one interpreter. Measured with ``bench/ab.py rt
     --interleave``: the round trip 0.96x against waking it at once; its step
     started straight from the deciding thread measured 1.04x (see
     bench/RESULTS.md, change 28).
+
+    Any other card leaves once the answer is written too. An answer that
+    holds the card (htmx) drew it already; a JSON answer did not, and the
+    card is drawn only then.
     """
     rt = runtime()
+    approval = result.approval
     card = None
     # (An Always allow's card also redraws the settings panel: sent as it is.)
     if approval.reason != Reason.ALWAYS_ALLOW and rt.gate.is_parked(approval.approval_id):
         group = approval.conversation.group_name
-        card = rt.outbox.group_later(group, _card_message(approval, html), CARD_SECONDS)
+        message = _card_message(approval, result.card_html)
+        card = rt.outbox.group_later(group, message, CARD_SECONDS)
     if rt.gate.has(approval.approval_id):
         # Here: hand the run the committed row, so it need not read it again.
         def wake() -> None:
@@ -562,10 +575,26 @@ def _decided(approval: ToolApproval, html: str) -> None:
             rt.outbox.channel(
                 inbox, {"type": "approval.decided", "approval_id": approval.approval_id}
             )
-    if card is None:
-        _card_broadcast(approval, html)
-    else:
+    if card is not None:
         inbox_broadcast(approval)
+        return
+
+    # A request's answer goes first. The card follows once the answer is
+    # written, from a pool thread: a JSON answer does not hold the card, so
+    # it is only drawn then (the decision POST 0.94x, see bench/RESULTS.md,
+    # change 29).
+    if not once_answered(lambda: rt.http_pool.submit(_card_broadcast_after, result)):
+        _card_broadcast(approval, result.card_html)
+
+
+def _card_broadcast_after(result: DecideResult) -> None:
+    """(On a pool thread, once the decision is answered.) The card to every tab."""
+    try:
+        _card_broadcast(result.approval, result.card_html)
+    except Exception:
+        logger.exception("the card of %s could not be sent", result.approval.approval_id)
+    finally:
+        release_connection()
 
 
 def _card_broadcast(approval: ToolApproval, html: str) -> None:

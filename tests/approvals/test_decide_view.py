@@ -105,6 +105,25 @@ def test_htmx_gets_the_card_partial(alice_client, approval):
     assert "<html" not in html
 
 
+def test_htmx_answer_and_the_other_tabs_share_one_drawing_of_the_card(
+    alice_client, approval, monkeypatch
+):
+    from approvals import services
+
+    drawn = []
+    card_render = services.card_render
+    monkeypatch.setattr(
+        services, "card_render", lambda a, v=None: drawn.append(a) or card_render(a, v)
+    )
+
+    response = alice_client.post(
+        url(approval.approval_id), {"decision": "allow"}, HTTP_HX_REQUEST="true"
+    )
+
+    assert 'data-status="allowed"' in response.content.decode()
+    assert len(drawn) == 1
+
+
 def test_already_decided_is_409_with_the_current_card(alice_client, approval):
     alice_client.post(url(approval.approval_id), {"decision": "deny"})
     response = alice_client.post(

@@ -31,7 +31,7 @@ from chat.engine import Stepper, run_launch, run_stop
 from chat.models import Message, Run
 from chat.services import run_create
 from studio.runtime import LocalRun, replace_runtime, restore_runtime, runtime
-from tests.factories import make_conversation
+from tests.factories import make_approval, make_conversation
 from tests.helpers.procs import read_line, spawn
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.anydb]
@@ -489,6 +489,28 @@ async def test_a_decision_wakes_the_run_here_once_its_answer_is_sent(
     assert answers_and_wakes == ["answered", "woken"]
     await until(lambda: finished(conversation))
     assert re.match(r"^42\s*$", await sync_to_async(tool_result)(conversation))
+
+
+async def test_a_json_decision_is_answered_before_its_card_is_drawn(
+    rt, conversation, alice, answers_and_wakes, monkeypatch
+):
+    """No run waits here: the answer holds no card, which is drawn and sent after it."""
+    approval = await sync_to_async(make_approval)(conversation)
+    tab = await Tab.open(conversation)
+    card_render = services.card_render
+
+    def drawing(approval, viewer=None):
+        answers_and_wakes.append("drawn")
+        return card_render(approval, viewer)
+
+    monkeypatch.setattr(services, "card_render", drawing)
+
+    sent = await post_decision(approval, alice)
+
+    assert sent[0]["status"] == 200, sent
+    message = await tab.until('data-status="allowed"')
+    assert message["type"] == "approval.changed"
+    assert answers_and_wakes == ["answered", "drawn"]
 
 
 class ClientGone(Exception):
