@@ -581,7 +581,7 @@ def _decided(result: DecideResult) -> None:
 
     # A request's answer goes first. The card follows once the answer is
     # written, from a pool thread: a JSON answer does not hold the card, so
-    # it is only drawn then (the decision POST 0.94x, see bench/RESULTS.md,
+    # it is only drawn then (the decision POST 0.93x, see bench/RESULTS.md,
     # change 29).
     if not once_answered(lambda: rt.http_pool.submit(_card_broadcast_after, result)):
         _card_broadcast(approval, result.card_html)
