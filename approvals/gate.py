@@ -46,6 +46,8 @@ class Slot(Latch):
         self.card: Any = None
         # True while a run is parked on it (the poller re-reads only these).
         self.waiting = False
+        # Nobody has looked at the row since its run wrote it (see ``fresh_look``).
+        self._fresh = True
 
     def wake(self, outcome: Any = None, card: Any = None) -> None:
         def keep() -> None:
@@ -64,6 +66,18 @@ class Slot(Latch):
 
     def is_woken(self) -> bool:
         return self.is_set()
+
+    def fresh_look(self) -> bool:
+        """True once, at the first look, if nothing has woken the slot since it was registered.
+
+        The row is then as its run wrote it a moment ago, pending: whatever
+        changes a row wakes its slot (a decision here, the message of one made
+        elsewhere, Stop), and a lost message is the poller's, as for any wait.
+        The slot is left as it is, so a wake from now on is kept.
+        """
+        with self._lock:
+            fresh, self._fresh = self._fresh, False
+            return fresh and not self._event.is_set()
 
     def clear(self) -> None:
         """Forget past wakes; the caller re-reads the row right after."""

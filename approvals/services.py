@@ -703,25 +703,32 @@ def approval_check(*, slot: Slot, cancel: CancelToken, deadline: float) -> ToolA
     the row was deleted. The caller parks on ``slot`` between looks and
     discards it at the end.
     """
-    outcome = slot.outcome
-    # Clear before reading: a wake after this is for a change not read yet.
-    slot.clear()
-    if outcome is not None:
-        return outcome  # the committed row, from a decision in this process
-    approval = ToolApproval.objects.by_approval_id(slot.approval_id)
-    if approval is None:
-        raise ApprovalNotFound(slot.approval_id)
-    if not approval.is_pending:
-        return approval
+    # The first look of a call nothing has woken yet reads nothing: its
+    # row is pending, as the run wrote it (see ``Slot.fresh_look``).
+    if not slot.fresh_look():
+        outcome = slot.outcome
+        # Clear before reading: a wake after this is for a change not read yet.
+        slot.clear()
+        if outcome is not None:
+            return outcome  # the committed row, from a decision in this process
+        approval = ToolApproval.objects.by_approval_id(slot.approval_id)
+        if approval is None:
+            raise ApprovalNotFound(slot.approval_id)
+        if not approval.is_pending:
+            return approval
     if cancel.is_set():
         reason = Reason.CANCELLED
     elif time.monotonic() >= deadline:
         reason = Reason.TIMEOUT
     else:
         return None
-    approvals_end(pending=ToolApproval.objects.filter(pk=approval.pk), reason=reason)
+    row = ToolApproval.objects.filter(approval_id=slot.approval_id)
+    approvals_end(pending=row, reason=reason)
     # Ours, or the decision that won the race against it.
-    return ToolApproval.objects.get(pk=approval.pk)
+    approval = row.first()
+    if approval is None:
+        raise ApprovalNotFound(slot.approval_id)
+    return approval
 
 
 def approval_wait(

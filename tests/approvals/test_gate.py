@@ -351,3 +351,58 @@ def test_poller_leaves_pending_rows_alone(conversation, gate):
     slot.waiting = True
     assert approval_poll_waiters() == 0
     assert not slot.is_woken()
+
+
+def look(slot, cancel=None):
+    from approvals.services import approval_check
+
+    return approval_check(
+        slot=slot, cancel=cancel or CancelToken(), deadline=time.monotonic() + BOUND
+    )
+
+
+def test_the_first_look_at_a_call_nothing_woke_reads_no_row(conversation, gate):
+    _, slot = request(conversation, gate)
+    with CaptureQueriesContext(connection) as queries:
+        assert look(slot) is None
+    assert len(queries) == 0
+    # Later looks read the row: a self-poll may be what finds a lost wake.
+    with CaptureQueriesContext(connection) as queries:
+        assert look(slot) is None
+    assert len(queries) == 1
+
+
+def test_a_wake_from_elsewhere_before_the_first_look_is_read(conversation, gate):
+    approval, slot = request(conversation, gate)
+    decided_behind_the_gates_back(approval)
+    gate.wake(approval.approval_id)  # the message of a decision made in another process
+    assert look(slot).status == "allowed"
+
+
+def test_a_wake_right_after_the_first_look_is_kept(conversation, gate):
+    approval, slot = request(conversation, gate)
+    assert look(slot) is None
+    decided_behind_the_gates_back(approval)
+    gate.wake(approval.approval_id)
+    assert slot.is_woken()
+    assert look(slot).status == "allowed"
+
+
+def test_stop_before_the_first_look_ends_the_call_and_keeps_a_decision_that_won(
+    conversation, alice, gate
+):
+    approval, slot = request(conversation, gate)
+    cancel = CancelToken()
+    cancel.cancel()
+    decided_behind_the_gates_back(approval)  # decided here, its wake not yet delivered
+    outcome = look(slot, cancel)
+    assert (outcome.status, outcome.reason) == ("allowed", "user")
+
+
+def test_stop_at_the_first_look_of_a_deleted_row_says_so(conversation, gate):
+    approval, slot = request(conversation, gate)
+    ToolApproval.objects.filter(pk=approval.pk).delete()
+    cancel = CancelToken()
+    cancel.cancel()
+    with pytest.raises(ApprovalNotFound):
+        look(slot, cancel)
