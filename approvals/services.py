@@ -704,7 +704,9 @@ def approval_check(*, slot: Slot, cancel: CancelToken, deadline: float) -> ToolA
     discards it at the end.
     """
     # The first look of a call nothing has woken yet reads nothing: its
-    # row is pending, as the run wrote it (see ``Slot.fresh_look``).
+    # row is pending, as the run wrote it (see ``Slot.fresh_look``). One read
+    # fewer for every call that waits: the round trip 0.97x (bench/RESULTS.md,
+    # change 30).
     if not slot.fresh_look():
         outcome = slot.outcome
         # Clear before reading: a wake after this is for a change not read yet.
