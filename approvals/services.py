@@ -713,9 +713,7 @@ def approval_check(*, slot: Slot, cancel: CancelToken, deadline: float) -> ToolA
         slot.clear()
         if outcome is not None:
             return outcome  # the committed row, from a decision in this process
-        approval = ToolApproval.objects.by_approval_id(slot.approval_id)
-        if approval is None:
-            raise ApprovalNotFound(slot.approval_id)
+        approval = _row(slot.approval_id)
         if not approval.is_pending:
             return approval
     if cancel.is_set():
@@ -724,12 +722,16 @@ def approval_check(*, slot: Slot, cancel: CancelToken, deadline: float) -> ToolA
         reason = Reason.TIMEOUT
     else:
         return None
-    row = ToolApproval.objects.filter(approval_id=slot.approval_id)
-    approvals_end(pending=row, reason=reason)
+    approvals_end(pending=ToolApproval.objects.filter(approval_id=slot.approval_id), reason=reason)
     # Ours, or the decision that won the race against it.
-    approval = row.first()
+    return _row(slot.approval_id)
+
+
+def _row(approval_id: str) -> ToolApproval:
+    """The row as it is now, with its conversation; ``ApprovalNotFound`` once deleted."""
+    approval = ToolApproval.objects.by_approval_id(approval_id)
     if approval is None:
-        raise ApprovalNotFound(slot.approval_id)
+        raise ApprovalNotFound(approval_id)
     return approval
 
 

@@ -388,9 +388,7 @@ def test_a_wake_right_after_the_first_look_is_kept(conversation, gate):
     assert look(slot).status == "allowed"
 
 
-def test_stop_before_the_first_look_ends_the_call_and_keeps_a_decision_that_won(
-    conversation, alice, gate
-):
+def test_stop_before_the_first_look_ends_the_call_and_keeps_a_decision_that_won(conversation, gate):
     approval, slot = request(conversation, gate)
     cancel = CancelToken()
     cancel.cancel()
