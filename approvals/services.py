@@ -22,6 +22,7 @@ an argument, and tests empty it between cases.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import time
@@ -129,11 +130,18 @@ class DecideResult:
 def approval_get_for_user(*, approval_id: str, user) -> ToolApproval:
     """The approval if ``user`` may see it: their conversation's, or one that waits
     for a reviewer when they are one. Anything else is "not found"."""
+    _check_asker(approval_id, user)
+    return _visible(ToolApproval.objects.by_approval_id(approval_id), approval_id, user)
+
+
+def _check_asker(approval_id: str, user) -> None:
     if not approval_id or not isinstance(approval_id, str) or len(approval_id) > 64:
         raise ApprovalNotFound(approval_id)
     if user is None or not user.is_authenticated:
         raise ApprovalNotFound(approval_id)
-    approval = ToolApproval.objects.by_approval_id(approval_id)
+
+
+def _visible(approval: ToolApproval | None, approval_id: str, user) -> ToolApproval:
     if approval is None:
         raise ApprovalNotFound(approval_id)
     # The owner first: only a call that waits for a reviewer asks for the
@@ -143,6 +151,22 @@ def approval_get_for_user(*, approval_id: str, user) -> ToolApproval:
     if approval.needs_review and can_review(user):
         return approval
     raise ApprovalNotFound(approval_id)
+
+
+def _to_decide(approval_id: str, user) -> ToolApproval:
+    """The row a decision checks before its conditional update, if ``user`` may see it.
+
+    For a call whose run waits in this process, a copy of the row as that run
+    wrote it, not read again: what the checks read of it (its conversation's
+    owner, whether a reviewer decides it, the tool, its arguments and schema,
+    when it was asked) never changes, and whether it is still pending is the
+    update's own condition. Any other row is read.
+    """
+    _check_asker(approval_id, user)
+    asked = runtime().gate.asked(approval_id)
+    if asked is None:
+        return _visible(ToolApproval.objects.by_approval_id(approval_id), approval_id, user)
+    return _visible(copy.copy(asked), approval_id, user)
 
 
 # --- rules --------------------------------------------------------------------
@@ -304,6 +328,7 @@ def approval_request(
         **_rule_fields(verdict),
     )
     slot = rt.gate.register(approval.approval_id, run_id=run_id)
+    slot.asked = approval
     inbox_broadcast(approval)
     return approval, slot
 
@@ -376,7 +401,7 @@ def approval_decide(
     ``InvalidDecision`` for a bad value. A decision on a decided row changes
     nothing and returns ``resolved=False`` with the current row.
     """
-    approval = approval_get_for_user(approval_id=approval_id, user=user)
+    approval = _to_decide(approval_id, user)
     if decision not in DECISIONS:
         raise InvalidDecision("decision must be one of: allow, always, deny, edit")
     _check_rights(approval, user, decision)
@@ -414,7 +439,10 @@ def approval_decide(
             changes = {"rule": rule, "rule_snapshot": rule.snapshot()}
             ToolApproval.objects.filter(pk=approval.pk).update(**changes)
     if not updated:
-        approval.refresh_from_db()
+        try:
+            approval.refresh_from_db()
+        except ToolApproval.DoesNotExist:
+            raise ApprovalNotFound(approval_id) from None  # deleted meanwhile
         return DecideResult(resolved=False, approval=approval)
     approval.status, approval.reason, approval.decided_by = status, reason, user
     approval.decided_at, approval.note = now, note

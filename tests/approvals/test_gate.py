@@ -404,3 +404,39 @@ def test_stop_at_the_first_look_of_a_deleted_row_says_so(conversation, gate):
     cancel.cancel()
     with pytest.raises(ApprovalNotFound):
         look(slot, cancel)
+
+
+def approval_reads(queries) -> list[str]:
+    return [
+        q["sql"] for q in queries if q["sql"].startswith("SELECT") and "toolapproval" in q["sql"]
+    ]
+
+
+def test_a_decision_on_a_call_waiting_here_checks_the_row_its_run_wrote(conversation, alice, gate):
+    approval, slot = request(conversation, gate)
+    with CaptureQueriesContext(connection) as queries:
+        result = approval_decide(approval_id=approval.approval_id, user=alice, decision="allow")
+    assert result.resolved and result.approval.status == "allowed"
+    assert approval_reads(queries) == []
+    assert ToolApproval.objects.get(pk=approval.pk).status == "allowed"
+    # A copy was decided: the run's own row is as it wrote it.
+    assert result.approval is not slot.asked
+    assert (slot.asked.status, slot.asked.decided_by_id) == ("pending", None)
+
+
+def test_a_decision_here_on_a_call_decided_elsewhere_answers_with_the_row_as_it_is(
+    conversation, alice, gate
+):
+    approval, _ = request(conversation, gate)
+    decided_behind_the_gates_back(approval)  # another process decided; its wake is on its way
+    result = approval_decide(approval_id=approval.approval_id, user=alice, decision="deny")
+    assert result.resolved is False
+    assert (result.approval.status, result.approval.reason) == ("allowed", "user")
+    assert ToolApproval.objects.get(pk=approval.pk).status == "allowed"
+
+
+def test_a_decision_here_on_a_call_deleted_meanwhile_is_not_found(conversation, alice, gate):
+    approval, _ = request(conversation, gate)
+    ToolApproval.objects.filter(pk=approval.pk).delete()
+    with pytest.raises(ApprovalNotFound):
+        approval_decide(approval_id=approval.approval_id, user=alice, decision="allow")
