@@ -75,17 +75,24 @@ class Slot(Latch):
     def is_woken(self) -> bool:
         return self.is_set()
 
-    def fresh_look(self) -> bool:
-        """True once, at the first look, if nothing has woken the slot since it was registered.
+    def untouched(self) -> bool:
+        """True until the first look at the row, unless a wake came first.
 
         The row is then as its run wrote it a moment ago, pending: whatever
         changes a row wakes its slot (a decision here, the message of one made
         elsewhere, Stop), and a lost message is the poller's, as for any wait.
+        """
+        return self._fresh and not self._event.is_set()
+
+    def fresh_look(self) -> bool:
+        """The first look: True if the slot is still ``untouched``, and never again.
+
         The slot is left as it is, so a wake from now on is kept.
         """
         with self._lock:
-            fresh, self._fresh = self._fresh, False
-            return fresh and not self._event.is_set()
+            fresh = self.untouched()
+            self._fresh = False
+            return fresh
 
     def clear(self) -> None:
         """Forget past wakes; the caller re-reads the row right after."""
@@ -149,11 +156,17 @@ class Gate:
         slot.wake(outcome, card)
         return True
 
-    def asked(self, approval_id: str) -> Any:
-        """The row its run wrote, if that run waits here (None otherwise)."""
+    def asked(self, approval_id: str, *, untouched: bool = False) -> Any:
+        """The row its run wrote, if that run waits here (None otherwise).
+
+        ``untouched``: only while nothing has looked at the row or woken the
+        slot (see ``Slot.untouched``), when the row is still that one.
+        """
         with self._lock:
             slot = self._slots.get(approval_id)
-        return None if slot is None else slot.asked
+        if slot is None or (untouched and not slot.untouched()):
+            return None
+        return slot.asked
 
     def is_parked(self, approval_id: str) -> bool:
         """True while a run of this process is parked on ``approval_id``."""

@@ -134,6 +134,18 @@ def approval_get_for_user(*, approval_id: str, user) -> ToolApproval:
     return _visible(ToolApproval.objects.by_approval_id(approval_id), approval_id, user)
 
 
+def approval_now(approval_id: str) -> ToolApproval | None:
+    """The row as it is now, with its conversation (None once deleted).
+
+    A call whose run waits in this process and that nothing has touched yet
+    (see ``Slot.untouched``) is as its run wrote it: that row, not read again.
+    """
+    asked = runtime().gate.asked(approval_id, untouched=True)
+    if asked is not None:
+        return asked
+    return ToolApproval.objects.by_approval_id(approval_id)
+
+
 def _check_asker(approval_id: str, user) -> None:
     if not approval_id or not isinstance(approval_id, str) or len(approval_id) > 64:
         raise ApprovalNotFound(approval_id)

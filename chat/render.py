@@ -14,7 +14,7 @@ from django.urls import get_script_prefix
 from django.utils.html import escape
 
 from approvals.models import ToolApproval, ToolRule
-from approvals.services import policy_rules
+from approvals.services import approval_now, policy_rules
 from chat import events
 from chat.display import Item, MessageView, ToolBlock, blocks_for, tool_dom_id, transcript_items
 from chat.limits import MAX_MESSAGE
@@ -44,9 +44,9 @@ def tool_block(block: ToolBlock) -> str:
 def tool_started(event: events.ToolStarted) -> str:
     approval = None
     if event.approval_id:
-        # Read again, with its conversation (the card's rights need its owner):
-        # a decision may already have come.
-        approval = ToolApproval.objects.by_approval_id(event.approval_id)
+        # As it is now, with its conversation (the card's rights need its
+        # owner): a decision may already have come.
+        approval = approval_now(event.approval_id)
         if approval is None:
             raise ToolApproval.DoesNotExist(f"no approval {event.approval_id}")
     return _block(event, approval=approval)
