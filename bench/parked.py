@@ -78,6 +78,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=64)
     parser.add_argument("--clients", type=int, default=16, help="decision POSTs in flight")
     parser.add_argument("--probes", type=int, default=40)
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=60.0,
+        help="how long idle CPU is measured: a whole cycle of the process's periodic work "
+        "(the poller's full re-read every 60 s, the runs' heartbeat every 30 s)",
+    )
     args = parser.parse_args()
 
     harness.setup_django(f"sqlite:///{harness.ROOT / 'bench' / '.bench-parked.sqlite3'}")
@@ -107,8 +114,8 @@ def main() -> None:
             time.sleep(2)
             rss1, threads = harness.rss_kb(server.pid), harness.threads(server.pid)
             cpu_idle0 = harness.cpu_seconds(server.pid)
-            time.sleep(10)
-            idle_cpu = (harness.cpu_seconds(server.pid) - cpu_idle0) / 10
+            time.sleep(args.idle_seconds)
+            idle_cpu = (harness.cpu_seconds(server.pid) - cpu_idle0) / args.idle_seconds
             probes = [
                 harness.make_conversation(user, enabled_tools=[]).pk for _ in range(args.probes)
             ]
@@ -165,7 +172,10 @@ def main() -> None:
                 f"(STUDIO_AGENT_WORKERS={args.workers}); RSS {rss1 / 1024:.0f} MB"
             )
             print(f"  RSS per parked run: {(rss1 - rss0) / n:.0f} KB")
-            print(f"  idle CPU while parked: {idle_cpu * 100:.1f} % of one core")
+            print(
+                f"  idle CPU while parked: {idle_cpu * 100:.1f} % of one core "
+                f"(over {args.idle_seconds:.0f} s)"
+            )
             print(f"  new conversation, first streamed fragment: {harness.summary_ms(latencies)}")
             print(
                 f"  decision POSTs: {codes.count(200)} x 200 of {n}, all posted in {posted:.2f} s"
