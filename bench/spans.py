@@ -1,0 +1,132 @@
+"""Where one approval round trip goes: client and server stamps on one clock.
+
+Studio alone (SQLite + in-memory layer, as ``roundtrip.py``), served by
+``bench/stamped_asgi.py``. For each of N approvals the client stamps the
+POST sent (c0), its answer (cp) and the tool's result received (c1); the
+server stamps each step between (see ``stamped_asgi.py``). Prints each
+stamp's median offset from c0 and the median of each span, and the median
+thread CPU of the Django side. A diagnosis, not a goal: the stamps add a
+little to every span, and no peer runs beside it.
+
+    .venv/bin/python bench/spans.py --approvals 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import time
+from pathlib import Path
+
+import harness
+import httpx
+
+from deploy.cluster import DaphneProcess
+
+ORDER = ["c0", "H0", "H1", "H2", "H3", "H4", "H5", "W", "S0", "S1", "C0", "C1", "c1"]
+SLACK = 0.0005  # server stamps this close outside a client's window still belong to it
+
+
+def cycles(server, count: int, warmup: int) -> list[dict[str, float]]:
+    """``count`` approvals one at a time; the client's stamps of each."""
+    from websockets.sync.client import connect
+
+    user, session = harness.make_member(f"spans{time.monotonic_ns()}")
+    http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
+    decide = harness.member_allow(http)
+    trips, ws = [], None
+    try:
+        for i in range(warmup + count):
+            if i % 50 == 0:  # a new conversation every 50, as roundtrip.py
+                if ws is not None:
+                    ws.close()
+                conversation = harness.make_conversation(user)
+                ws = connect(
+                    f"{server.ws_url}/ws/c/{conversation.pk}/",
+                    additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url},
+                )
+                harness.recv_until(ws, 'id="transcript"')
+            ws.send(json.dumps({"message": f"echo {i}"}))
+            frames = harness.recv_until(ws, 'data-status="pending"')
+            approval_id = harness.APPROVAL_ID.findall(frames)[-1]
+            t0 = time.perf_counter()
+            response = decide(approval_id)
+            tp = time.perf_counter()
+            harness.recv_until(ws, "data-tool-result=")
+            t1 = time.perf_counter()
+            assert response.status_code == 200, response.text
+            harness.recv_until(ws, 'data-running="false"')
+            if i >= warmup:
+                trips.append({"c0": t0, "cp": tp, "c1": t1})
+    finally:
+        if ws is not None:
+            ws.close()
+        http.close()
+    return trips
+
+
+def attach(trips: list[dict[str, float]], stamps: list[tuple[str, float]]) -> None:
+    """Give each trip the first server stamp of each name inside its window."""
+    for trip in trips:
+        for name, t in stamps:
+            if trip["c0"] - SLACK <= t <= trip["c1"] + SLACK:
+                trip.setdefault(name, t)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--approvals", type=int, default=400)
+    parser.add_argument("--warmup", type=int, default=30)
+    args = parser.parse_args()
+
+    database = harness.ROOT / "bench" / ".bench-spans.sqlite3"
+    out = harness.ROOT / "bench" / ".bench-spans.stamps"
+    harness.setup_django(f"sqlite:///{database}")
+    server = DaphneProcess(
+        env=harness.server_env(STAMP_OUT=str(out)),
+        app="bench.stamped_asgi:application",
+        log_path=harness.ROOT / "bench" / ".bench-spans.log",
+    )
+    server.start()
+    try:
+        trips = cycles(server, args.approvals, args.warmup)
+        os.kill(server.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(f"{out}.cpu") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # the stamps file is written first
+    finally:
+        server.stop()
+    stamps = [
+        (name, float(t)) for name, t in (line.split() for line in out.read_text().splitlines())
+    ]
+    cpu = [float(line) for line in Path(f"{out}.cpu").read_text().split()][args.warmup :]
+    attach(trips, stamps)
+
+    print(f"one approval round trip, {len(trips)} approvals, medians (ms):")
+    print("  stamp  from c0   span from the stamp before")
+    previous = None
+    for name in ORDER:
+        offsets = [(t[name] - t["c0"]) * 1000 for t in trips if name in t]
+        if not offsets:
+            print(f"  {name:5}  (none)")
+            continue
+        span = ""
+        if previous is not None:
+            spans = [(t[name] - t[previous]) * 1000 for t in trips if name in t and previous in t]
+            span = f"  {statistics.median(spans):6.3f}  ({previous} -> {name})"
+        print(f"  {name:5}  {statistics.median(offsets):7.3f}{span}")
+        previous = name
+    post = statistics.median((t["cp"] - t["c0"]) * 1000 for t in trips)
+    print(f"  the POST's own answer at the client: {post:.3f}")
+    print(f"  the Django side's thread CPU (H1 -> H4): {statistics.median(cpu) * 1e6:.0f} us")
+    for path in (database, out):
+        for suffix in ("", "-wal", "-shm", ".cpu"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()
