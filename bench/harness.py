@@ -236,6 +236,19 @@ def recv_until(ws, needle: str, timeout: float = 20) -> str:
             return "\n".join(seen)
 
 
+def open_chat(server, user, session: str):
+    """A new conversation of ``user``'s, its chat socket open (sync websockets client)."""
+    from websockets.sync.client import connect
+
+    conversation = make_conversation(user)
+    ws = connect(
+        f"{server.ws_url}/ws/c/{conversation.pk}/",
+        additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url},
+    )
+    recv_until(ws, 'id="transcript"')
+    return ws
+
+
 @dataclass(frozen=True)
 class Trip:
     """One approval's figures (seconds)."""
@@ -289,19 +302,9 @@ class SocketCycles:
         return cpu_seconds(self.cpu_pid) if self.cpu_pid else 0.0
 
     def one(self) -> Trip:
-        from websockets.sync.client import connect
-
         if self.done % self.per_conversation == 0:
             self.close()
-            conversation = make_conversation(self.user)
-            self.ws = connect(
-                f"{self.ws_server.ws_url}/ws/c/{conversation.pk}/",
-                additional_headers={
-                    "Cookie": f"sessionid={self.session}",
-                    "Origin": self.ws_server.url,
-                },
-            )
-            recv_until(self.ws, 'id="transcript"')
+            self.ws = open_chat(self.ws_server, self.user, self.session)
         ws = self.ws
         launch_cpu0 = self._cpu()
         launch0 = time.perf_counter()

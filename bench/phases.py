@@ -27,7 +27,6 @@ import time
 
 import harness
 import httpx
-from websockets.sync.client import connect
 
 from deploy.cluster import DaphneProcess
 
@@ -58,12 +57,7 @@ def main() -> None:
             if i % args.per_conversation == 0:
                 if ws is not None:
                     ws.close()
-                conversation = harness.make_conversation(user)
-                ws = connect(
-                    f"{server.ws_url}/ws/c/{conversation.pk}/",
-                    additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url},
-                )
-                harness.recv_until(ws, 'id="transcript"')
+                ws = harness.open_chat(server, user, session)
             marks = [(time.perf_counter(), harness.cpu_seconds(server.pid))]
 
             def mark():

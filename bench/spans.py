@@ -32,8 +32,6 @@ SLACK = 0.0005  # server stamps this close outside a client's window still belon
 
 def cycles(server, count: int, warmup: int) -> list[dict[str, float]]:
     """``count`` approvals one at a time; the client's stamps of each."""
-    from websockets.sync.client import connect
-
     user, session = harness.make_member(f"spans{time.monotonic_ns()}")
     http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
     decide = harness.member_allow(http)
@@ -43,12 +41,7 @@ def cycles(server, count: int, warmup: int) -> list[dict[str, float]]:
             if i % 50 == 0:  # a new conversation every 50, as roundtrip.py
                 if ws is not None:
                     ws.close()
-                conversation = harness.make_conversation(user)
-                ws = connect(
-                    f"{server.ws_url}/ws/c/{conversation.pk}/",
-                    additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url},
-                )
-                harness.recv_until(ws, 'id="transcript"')
+                ws = harness.open_chat(server, user, session)
             ws.send(json.dumps({"message": f"echo {i}"}))
             frames = harness.recv_until(ws, 'data-status="pending"')
             approval_id = harness.APPROVAL_ID.findall(frames)[-1]
