@@ -78,6 +78,7 @@ def main() -> None:
     database = harness.ROOT / "bench" / ".bench-spans.sqlite3"
     out = harness.ROOT / "bench" / ".bench-spans.stamps"
     harness.setup_django(f"sqlite:///{database}")
+    Path(f"{out}.cpu").unlink(missing_ok=True)  # a crashed run's
     server = DaphneProcess(
         env=harness.server_env(STAMP_OUT=str(out)),
         app="bench.stamped_asgi:application",
@@ -90,7 +91,6 @@ def main() -> None:
         deadline = time.monotonic() + 10
         while not os.path.exists(f"{out}.cpu") and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.2)  # the stamps file is written first
     finally:
         server.stop()
     stamps = [

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 from bench.asgi import application  # noqa: F401 - sets Django up first  # isort: skip
@@ -32,24 +31,25 @@ from approvals import gate, services, views
 from chat import consumers, engine
 from studio import handlers, runtime
 
+# (A list's append is atomic: the threads and the loop stamp without a lock,
+# which the signal handler, run on the loop's thread, could not take again.)
 STAMPS: list[tuple[str, float]] = []
 DJANGO_CPU: list[float] = []
-_lock = threading.Lock()
 
 
 def stamp(name: str) -> None:
-    with _lock:
-        STAMPS.append((name, time.perf_counter()))
+    STAMPS.append((name, time.perf_counter()))
 
 
 def dump(*_) -> None:
+    """Write both files; the second appears (renamed into place) once both are whole."""
     out = os.environ["STAMP_OUT"]
-    with _lock:
-        stamps, cpu = list(STAMPS), list(DJANGO_CPU)
+    stamps, cpu = list(STAMPS), list(DJANGO_CPU)
     with open(out, "w") as f:
         f.writelines(f"{name} {t:.9f}\n" for name, t in stamps)
-    with open(out + ".cpu", "w") as f:
+    with open(out + ".cpu.tmp", "w") as f:
         f.writelines(f"{seconds:.9f}\n" for seconds in cpu)
+    os.replace(out + ".cpu.tmp", out + ".cpu")
 
 
 signal.signal(signal.SIGUSR1, dump)
