@@ -258,6 +258,7 @@ class Trip:
     cpu: float  # server CPU in the total window
     launch: float | None = None  # message sent -> its pending card
     launch_cpu: float | None = None  # server CPU in that window
+    sent: float = 0.0  # when the decision POST was sent (perf_counter)
 
 
 @dataclass
@@ -320,7 +321,7 @@ class SocketCycles:
         assert response.status_code == 200, response.text
         recv_until(ws, 'data-running="false"')
         self.done += 1
-        return Trip(t1 - t0, tp - t0, cpu1 - cpu0, t0 - launch0, cpu0 - launch_cpu0)
+        return Trip(t1 - t0, tp - t0, cpu1 - cpu0, t0 - launch0, cpu0 - launch_cpu0, sent=t0)
 
     def close(self) -> None:
         if self.ws is not None:

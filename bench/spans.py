@@ -14,7 +14,6 @@ little to every span, and no peer runs beside it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -31,34 +30,18 @@ SLACK = 0.0005  # server stamps this close outside a client's window still belon
 
 
 def cycles(server, count: int, warmup: int) -> list[dict[str, float]]:
-    """``count`` approvals one at a time; the client's stamps of each."""
+    """``count`` approvals one at a time (``harness.SocketCycles``); the client's stamps of each."""
     user, session = harness.make_member(f"spans{time.monotonic_ns()}")
     http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
-    decide = harness.member_allow(http)
-    trips, ws = [], None
+    approvals = harness.SocketCycles(
+        ws_server=server, user=user, session=session, decide=harness.member_allow(http)
+    )
     try:
-        for i in range(warmup + count):
-            if i % 50 == 0:  # a new conversation every 50, as roundtrip.py
-                if ws is not None:
-                    ws.close()
-                ws = harness.open_chat(server, user, session)
-            ws.send(json.dumps({"message": f"echo {i}"}))
-            frames = harness.recv_until(ws, 'data-status="pending"')
-            approval_id = harness.APPROVAL_ID.findall(frames)[-1]
-            t0 = time.perf_counter()
-            response = decide(approval_id)
-            tp = time.perf_counter()
-            harness.recv_until(ws, "data-tool-result=")
-            t1 = time.perf_counter()
-            assert response.status_code == 200, response.text
-            harness.recv_until(ws, 'data-running="false"')
-            if i >= warmup:
-                trips.append({"c0": t0, "cp": tp, "c1": t1})
+        trips = [approvals.one() for _ in range(warmup + count)][warmup:]
     finally:
-        if ws is not None:
-            ws.close()
+        approvals.close()
         http.close()
-    return trips
+    return [{"c0": t.sent, "cp": t.sent + t.post, "c1": t.sent + t.total} for t in trips]
 
 
 def attach(trips: list[dict[str, float]], stamps: list[tuple[str, float]]) -> None:
