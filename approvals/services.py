@@ -22,6 +22,7 @@ an argument, and tests empty it between cases.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import logging
@@ -432,7 +433,9 @@ def approval_decide(
         _check_always(approval, pattern, scope)
     now = timezone.now()
     changes.update(_audit_fields(approval, now, client))
-    with transaction.atomic():
+    # One conditional UPDATE is atomic by itself: only an Always allow, whose
+    # rule must commit with the decision, needs a transaction around it.
+    with transaction.atomic() if decision == "always" else contextlib.nullcontext():
         updated = update_where(
             ToolApproval,
             where={"pk": approval.pk, "status": Status.PENDING},
