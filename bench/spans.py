@@ -5,7 +5,8 @@ Studio alone (SQLite + in-memory layer, as ``roundtrip.py``), served by
 POST sent (c0), its answer (cp) and the tool's result received (c1); the
 server stamps each step between (see ``stamped_asgi.py``). Prints each
 stamp's median offset from c0 and the median of each span, and the median
-thread CPU of the Django side. A diagnosis, not a goal: the stamps add a
+thread CPU of the Django side and of the woken run's step up to its result.
+A diagnosis, not a goal: the stamps add a
 little to every span, and no peer runs beside it.
 
     .venv/bin/python bench/spans.py --approvals 400
@@ -61,7 +62,8 @@ def main() -> None:
     database = harness.ROOT / "bench" / ".bench-spans.sqlite3"
     out = harness.ROOT / "bench" / ".bench-spans.stamps"
     harness.setup_django(f"sqlite:///{database}")
-    Path(f"{out}.cpu").unlink(missing_ok=True)  # a crashed run's
+    for suffix in (".cpu", ".step"):
+        Path(f"{out}{suffix}").unlink(missing_ok=True)  # a crashed run's
     server = DaphneProcess(
         env=harness.server_env(STAMP_OUT=str(out)),
         app="bench.stamped_asgi:application",
@@ -80,6 +82,7 @@ def main() -> None:
         (name, float(t)) for name, t in (line.split() for line in out.read_text().splitlines())
     ]
     cpu = [float(line) for line in Path(f"{out}.cpu").read_text().split()][args.warmup :]
+    step = [float(line) for line in Path(f"{out}.step").read_text().split()][args.warmup :]
     attach(trips, stamps)
 
     print(f"one approval round trip, {len(trips)} approvals, medians (ms):")
@@ -99,8 +102,9 @@ def main() -> None:
     post = statistics.median((t["cp"] - t["c0"]) * 1000 for t in trips)
     print(f"  the POST's own answer at the client: {post:.3f}")
     print(f"  the Django side's thread CPU (H1 -> H4): {statistics.median(cpu) * 1e6:.0f} us")
+    print(f"  the run's step's thread CPU (S0 -> S1): {statistics.median(step) * 1e6:.0f} us")
     for path in (database, out):
-        for suffix in ("", "-wal", "-shm", ".cpu"):
+        for suffix in ("", "-wal", "-shm", ".cpu", ".step"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 

@@ -11,11 +11,12 @@ clock for the client and the server) at one point of the round trip:
 * W: the wake of the waiting call;
 * S0, S9: a run's step starts and parks or ends on the agent pool;
 * S1, S2: the run's urgent flush (a tool's result) sent and delivered;
+  the step's thread CPU from S0 to S1 is kept too;
 * C0, C1: the consumer's send of a fragment holding a tool's result.
 
-The stamps are written to ``$STAMP_OUT`` on SIGUSR1 (and the Django side's
-thread CPU to ``$STAMP_OUT.cpu``). Measurement only: the wrappers add a
-microsecond or two to each span.
+The stamps are written to ``$STAMP_OUT`` on SIGUSR1 (the Django side's
+thread CPU to ``$STAMP_OUT.cpu``, the step's to ``$STAMP_OUT.step``).
+Measurement only: the wrappers add a microsecond or two to each span.
 
     daphne bench.stamped_asgi:application
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 from bench.asgi import application  # noqa: F401 - sets Django up first  # isort: skip
@@ -35,6 +37,9 @@ from studio import handlers, runtime
 # which the signal handler, run on the loop's thread, could not take again.)
 STAMPS: list[tuple[str, float]] = []
 DJANGO_CPU: list[float] = []
+STEP_CPU: list[float] = []
+# The thread CPU at the start of the step this thread runs (S0), until S1.
+_step = threading.local()
 
 
 def stamp(name: str) -> None:
@@ -47,6 +52,8 @@ def dump(*_) -> None:
     stamps, cpu = list(STAMPS), list(DJANGO_CPU)
     with open(out, "w") as f:
         f.writelines(f"{name} {t:.9f}\n" for name, t in stamps)
+    with open(out + ".step", "w") as f:
+        f.writelines(f"{seconds:.9f}\n" for seconds in list(STEP_CPU))
     with open(out + ".cpu.tmp", "w") as f:
         f.writelines(f"{seconds:.9f}\n" for seconds in cpu)
     os.replace(out + ".cpu.tmp", out + ".cpu")
@@ -110,12 +117,13 @@ def _stamped_wake(self, *args, **kwargs):
 
 gate.Gate.wake = _stamped_wake
 
-_step = engine.Stepper.step
+_run_step = engine.Stepper.step
 
 
 def _stamped_step(self):
+    _step.cpu = time.thread_time()
     stamp("S0")
-    park = _step(self)
+    park = _run_step(self)
     stamp("S9")
     return park
 
@@ -128,6 +136,10 @@ _group = runtime.Outbox.group
 def _stamped_group(self, group: str, message: dict, *, wait: bool = False) -> None:
     if wait:
         stamp("S1")
+        started = getattr(_step, "cpu", None)
+        if started is not None:
+            STEP_CPU.append(time.thread_time() - started)
+            _step.cpu = None
     _group(self, group, message, wait=wait)
     if wait:
         stamp("S2")
