@@ -6,8 +6,8 @@ POST sent (c0), its answer (cp) and the tool's result received (c1); the
 server stamps each step between (see ``stamped_asgi.py``). Prints each
 stamp's median offset from c0 and the median of each span, and the median
 thread CPU of the Django side and of the woken run's step up to its result.
-A diagnosis, not a goal: the stamps add a
-little to every span, and no peer runs beside it.
+A diagnosis, not a goal: the stamps add a little to every span, and no peer
+runs beside it.
 
     .venv/bin/python bench/spans.py --approvals 400
 """

@@ -38,8 +38,8 @@ from studio import handlers, runtime
 STAMPS: list[tuple[str, float]] = []
 DJANGO_CPU: list[float] = []
 STEP_CPU: list[float] = []
-# The thread CPU at the start of the step this thread runs (S0), until S1.
-_step = threading.local()
+# The thread CPU at the start (S0) of the step this thread runs, until its S1.
+_in_step = threading.local()
 
 
 def stamp(name: str) -> None:
@@ -49,11 +49,11 @@ def stamp(name: str) -> None:
 def dump(*_) -> None:
     """Write both files; the second appears (renamed into place) once both are whole."""
     out = os.environ["STAMP_OUT"]
-    stamps, cpu = list(STAMPS), list(DJANGO_CPU)
+    stamps, cpu, step = list(STAMPS), list(DJANGO_CPU), list(STEP_CPU)
     with open(out, "w") as f:
         f.writelines(f"{name} {t:.9f}\n" for name, t in stamps)
     with open(out + ".step", "w") as f:
-        f.writelines(f"{seconds:.9f}\n" for seconds in list(STEP_CPU))
+        f.writelines(f"{seconds:.9f}\n" for seconds in step)
     with open(out + ".cpu.tmp", "w") as f:
         f.writelines(f"{seconds:.9f}\n" for seconds in cpu)
     os.replace(out + ".cpu.tmp", out + ".cpu")
@@ -117,13 +117,13 @@ def _stamped_wake(self, *args, **kwargs):
 
 gate.Gate.wake = _stamped_wake
 
-_run_step = engine.Stepper.step
+_step = engine.Stepper.step
 
 
 def _stamped_step(self):
-    _step.cpu = time.thread_time()
+    _in_step.cpu = time.thread_time()
     stamp("S0")
-    park = _run_step(self)
+    park = _step(self)
     stamp("S9")
     return park
 
@@ -136,10 +136,10 @@ _group = runtime.Outbox.group
 def _stamped_group(self, group: str, message: dict, *, wait: bool = False) -> None:
     if wait:
         stamp("S1")
-        started = getattr(_step, "cpu", None)
+        started = getattr(_in_step, "cpu", None)
         if started is not None:
             STEP_CPU.append(time.thread_time() - started)
-            _step.cpu = None
+            _in_step.cpu = None
     _group(self, group, message, wait=wait)
     if wait:
         stamp("S2")
