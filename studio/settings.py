@@ -135,7 +135,13 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
             "timeout": env_float("STUDIO_SQLITE_TIMEOUT", 20),
             # WAL: readers never block the writer, and a commit is an append
             # (synced at checkpoints) instead of two fsyncs of a rollback journal.
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            # A server takes the checkpoints on a thread of its own; a commit
+            # takes one itself only past 10,000 pages of WAL, should that
+            # thread fall behind (see studio/sqlite/checkpoints.py).
+            "init_command": (
+                "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
+                "PRAGMA wal_autocheckpoint=10000;"
+            ),
         }
     )
     # Tests use a file, not shared-cache memory: threads and child processes
