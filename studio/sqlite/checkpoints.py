@@ -56,15 +56,20 @@ class Checkpointer:
         self.alias = alias
         self.path = ""
         self.db: sqlite3.Connection | None = None
+        self.failing = False  # said once, until a checkpoint works again
 
     def run(self) -> None:
         while True:
             time.sleep(CHECKPOINT_SECONDS)
             try:
                 self.checkpoint()
-            except sqlite3.Error:
-                logger.warning("SQLite checkpoint failed", exc_info=True)
+            except Exception:
+                if not self.failing:
+                    logger.warning("SQLite checkpoint failed; retrying quietly", exc_info=True)
+                self.failing = True
                 self.close()
+            else:
+                self.failing = False
 
     def checkpoint(self) -> tuple[int, int, int] | None:
         """One PASSIVE checkpoint: (busy, frames in the WAL, frames copied), or None
