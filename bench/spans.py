@@ -5,9 +5,10 @@ Studio alone (SQLite + in-memory layer, as ``roundtrip.py``), served by
 POST sent (c0), its answer (cp) and the tool's result received (c1); the
 server stamps each step between (see ``stamped_asgi.py``). Prints each
 stamp's median offset from c0 and the median of each span, and the median
-thread CPU of the Django side and of the woken run's step up to its result.
-A diagnosis, not a goal: the stamps add a little to every span, and no peer
-runs beside it.
+thread CPU of the Django side and of the woken run's step up to its result,
+then which spans held up the slowest 3 % of the round trips. A diagnosis,
+not a goal: the stamps add a little to every span, and no peer runs beside
+it.
 
     .venv/bin/python bench/spans.py --approvals 400
 """
@@ -15,6 +16,7 @@ runs beside it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import statistics
@@ -51,6 +53,31 @@ def attach(trips: list[dict[str, float]], stamps: list[tuple[str, float]]) -> No
         for name, t in stamps:
             if trip["c0"] - SLACK <= t <= trip["c1"] + SLACK:
                 trip.setdefault(name, t)
+
+
+def tail(trips: list[dict[str, float]], share: float = 0.03, stall: float = 2.0) -> None:
+    """The slowest ``share`` of the round trips: which span held each one up.
+
+    A span counts as a stall in a trip when it took ``stall`` ms more than
+    its median over all trips (how the WAL checkpoints in a commit were found).
+    """
+    whole = sorted((t for t in trips if all(name in t for name in ORDER)), key=_total)
+    slowest = whole[int(len(whole) * (1 - share)) :]
+    if not slowest:
+        return
+    totals = ", ".join(f"{_total(t) * 1000:.1f}" for t in slowest)
+    print(f"the slowest {share:.0%} ({len(slowest)}), ms: {totals}")
+    for before, name in itertools.pairwise(ORDER):
+        typical = statistics.median(t[name] - t[before] for t in whole)
+        stalls = [t[name] - t[before] - typical for t in slowest]
+        stalls = [extra for extra in stalls if extra * 1000 > stall]
+        if stalls:
+            extra = statistics.median(stalls) * 1000
+            print(f"  {before} -> {name}: stalled in {len(stalls)}, by {extra:.2f} ms (median)")
+
+
+def _total(trip: dict[str, float]) -> float:
+    return trip["c1"] - trip["c0"]
 
 
 def main() -> None:
@@ -103,6 +130,7 @@ def main() -> None:
     print(f"  the POST's own answer at the client: {post:.3f}")
     print(f"  the Django side's thread CPU (H1 -> H4): {statistics.median(cpu) * 1e6:.0f} us")
     print(f"  the run's step's thread CPU (S0 -> S1): {statistics.median(step) * 1e6:.0f} us")
+    tail(trips)
     for path in (database, out):
         for suffix in ("", "-wal", "-shm", ".cpu", ".step"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
