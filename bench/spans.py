@@ -29,6 +29,8 @@ import httpx
 from deploy.cluster import DaphneProcess
 
 ORDER = ["c0", "H0", "H1", "H2", "H3", "H4", "H5", "W", "S0", "S1", "C0", "C1", "c1"]
+# The server's thread CPU per POST (its Django side) and per woken run's step.
+CPU_FILES = (".cpu", ".step")
 SLACK = 0.0005  # server stamps this close outside a client's window still belong to it
 
 
@@ -89,7 +91,7 @@ def main() -> None:
     database = harness.ROOT / "bench" / ".bench-spans.sqlite3"
     out = harness.ROOT / "bench" / ".bench-spans.stamps"
     harness.setup_django(f"sqlite:///{database}")
-    for suffix in (".cpu", ".step"):
+    for suffix in CPU_FILES:
         Path(f"{out}{suffix}").unlink(missing_ok=True)  # a crashed run's
     server = DaphneProcess(
         env=harness.server_env(STAMP_OUT=str(out)),
@@ -108,8 +110,10 @@ def main() -> None:
     stamps = [
         (name, float(t)) for name, t in (line.split() for line in out.read_text().splitlines())
     ]
-    cpu = [float(line) for line in Path(f"{out}.cpu").read_text().split()][args.warmup :]
-    step = [float(line) for line in Path(f"{out}.step").read_text().split()][args.warmup :]
+    cpu, step = (
+        [float(line) for line in Path(f"{out}{suffix}").read_text().split()][args.warmup :]
+        for suffix in CPU_FILES
+    )
     attach(trips, stamps)
 
     print(f"one approval round trip, {len(trips)} approvals, medians (ms):")
@@ -132,7 +136,7 @@ def main() -> None:
     print(f"  the run's step's thread CPU (S0 -> S1): {statistics.median(step) * 1e6:.0f} us")
     tail(trips)
     for path in (database, out):
-        for suffix in ("", "-wal", "-shm", ".cpu", ".step"):
+        for suffix in ("", "-wal", "-shm", *CPU_FILES):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 

@@ -47,7 +47,7 @@ def stamp(name: str) -> None:
 
 
 def dump(*_) -> None:
-    """Write both files; the second appears (renamed into place) once both are whole."""
+    """Write the three files; the ``.cpu`` one, renamed into place last, says all are whole."""
     out = os.environ["STAMP_OUT"]
     stamps, cpu, step = list(STAMPS), list(DJANGO_CPU), list(STEP_CPU)
     with open(out, "w") as f:
