@@ -11,7 +11,7 @@ both on the same fresh SQLite database. The schema must be the same in both.
   idle chat tabs of another member open meanwhile.
 
 Prints each side's medians over rounds (p50, p99, server CPU per POST or
-approval from /proc) and B/A. ``--interleave``: each round starts both
+approval from its CPU clock) and B/A. ``--interleave``: each round starts both
 checkouts' servers at once and takes one POST or approval on each in turn
 (the order swapped every time), so A and B meet the same moments of the
 machine; it also prints the median of the rounds' own B/A.

@@ -18,7 +18,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 APPROVAL_ID = re.compile(r'data-approval-id="([^"]+)"')
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def setup_django(database_url: str, redis_url: str = "") -> None:
@@ -183,9 +182,16 @@ class IdleTabs:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    """User + system CPU of a process so far, all its threads (those gone too).
+
+    Read from the kernel's CPU clock of the process (what glibc's
+    ``clock_getcpuclockid`` names: ``~pid << 3 | CPUCLOCK_SCHED``), exact to
+    the nanosecond. ``/proc/<pid>/stat`` counts in 10 ms ticks, charged
+    whole to whatever runs when one falls: over a window of 2 to 3 ms that
+    is 0 or 10 ms, and 300 approvals' mean of it spread the CPU ratio by
+    some 10 % from one invocation to the next.
+    """
+    return time.clock_gettime((~pid << 3) | 2)
 
 
 def rss_kb(pid: int) -> int:

@@ -13,7 +13,7 @@ is cut where the client sees it change:
 
 and, between approvals, the same Allow POSTed on a pending row that no run
 waits for and no tab shows ("POST alone"). Wall time is the client's; CPU is
-the server process's, from /proc (10 ms ticks, summed over all approvals).
+the server process's, from its CPU clock (summed over all approvals).
 
     .venv/bin/python bench/phases.py --approvals 400
 """
@@ -91,7 +91,7 @@ def main() -> None:
         http.close()
         server.stop()
     n = args.approvals
-    print(f"one approval's phases, {n} approvals (server CPU per approval, from /proc):")
+    print(f"one approval's phases, {n} approvals (server CPU per approval):")
     for phase in PHASES:
         print(
             f"  {phase:10s}  wall p50 {statistics.median(wall[phase]) * 1000:6.2f} ms"

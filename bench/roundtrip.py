@@ -141,7 +141,7 @@ def main() -> None:
         f"{', '.join(f'{x:.2f}' for x in p50s)} (median {statistics.median(p50s):.2f}x); CPU "
         f"{', '.join(f'{x:.2f}' for x in cpus)} (median {statistics.median(cpus):.2f}x)"
     )
-    print(f"  (CPU from /proc at {1000 / harness.CLK_TCK:.0f} ms ticks, averaged per approval)")
+    print("  (CPU from the server process's CPU clock, averaged per approval)")
 
 
 if __name__ == "__main__":
