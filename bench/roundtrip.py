@@ -90,6 +90,25 @@ def measure(names: list[str], args, peer_user) -> dict[str, harness.RoundTrips]:
             server.stop()
 
 
+# Goal 2 of the performance issue, against the Channels peer: (target, unit).
+TARGETS = {"p50": (2.0, "x"), "p99": (10.0, " ms"), "CPU": (2.0, "x")}
+
+
+def verdict(studio: harness.Figures, channels: harness.Figures) -> str:
+    """Goal 2's three targets, each met or missed by this invocation's medians."""
+    figures = {
+        "p50": studio.median_p50 / channels.median_p50,
+        "p99": studio.median_p99 * 1000,
+        "CPU": studio.median_cpu / channels.median_cpu,
+    }
+    met = {name: value <= TARGETS[name][0] for name, value in figures.items()}
+    parts = [
+        f"{name} {value:.2f}{TARGETS[name][1]} {'met' if met[name] else 'MISSED'}"
+        for name, value in figures.items()
+    ]
+    return f"goal 2 {'met' if all(met.values()) else 'not met'}: " + ", ".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--approvals", type=int, default=300)
@@ -142,6 +161,7 @@ def main() -> None:
         f"{', '.join(f'{x:.2f}' for x in cpus)} (median {statistics.median(cpus):.2f}x)"
     )
     print("  (CPU from the server process's CPU clock, averaged per approval)")
+    print("  " + verdict(studio, channels))
 
 
 if __name__ == "__main__":
