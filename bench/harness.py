@@ -186,10 +186,9 @@ def cpu_seconds(pid: int) -> float:
 
     Read from the kernel's CPU clock of the process (what glibc's
     ``clock_getcpuclockid`` names: ``~pid << 3 | CPUCLOCK_SCHED``), exact to
-    the nanosecond. ``/proc/<pid>/stat`` counts in 10 ms ticks, charged
-    whole to whatever runs when one falls: over a window of 2 to 3 ms that
-    is 0 or 10 ms, and 300 approvals' mean of it spread the CPU ratio by
-    some 10 % from one invocation to the next.
+    the nanosecond. ``/proc/<pid>/stat`` gives it in 10 ms ticks: a window
+    of 2 to 3 ms reads as 0 or 10 ms, and 300 approvals' mean of that read
+    spread the CPU ratio by some 15 % from one round to the next.
     """
     return time.clock_gettime((~pid << 3) | 2)
 
