@@ -69,8 +69,8 @@ class ThreadClock:
             try:
                 f.seek(0)
                 now[tid] = int(f.read().split()[0])
-            except (OSError, ValueError, IndexError):
-                del self.files[tid]  # the thread ended
+            except (OSError, ValueError, IndexError):  # the thread ended
+                self.files.pop(tid).close()
         return now
 
     def close(self) -> None:
