@@ -264,6 +264,8 @@ class Trip:
     launch: float | None = None  # message sent -> its pending card
     launch_cpu: float | None = None  # server CPU in that window
     sent: float = 0.0  # when the decision POST was sent (perf_counter)
+    # SocketCycles' ``read`` at the total window's start and end, if it has one.
+    read: tuple[object, object] | None = None
 
 
 @dataclass
@@ -288,7 +290,9 @@ class SocketCycles:
     (Studio, the Channels peer): a message on the socket parks a run on a
     pending card, ``decide(approval_id)`` POSTs the decision (to any
     process), and ``one()`` times until the ``tool_end`` fragment arrives on
-    the socket. A new conversation every ``per_conversation`` approvals."""
+    the socket. A new conversation every ``per_conversation`` approvals.
+    ``read``, if given, is called just outside the server's CPU reads at both
+    ends of that window (``Trip.read``: bench/threads.py's per-thread CPU)."""
 
     def __init__(
         self,
@@ -299,9 +303,11 @@ class SocketCycles:
         decide: Callable[[str], object],
         per_conversation: int = 50,
         cpu_pid: int | None = None,
+        read: Callable[[], object] | None = None,
     ) -> None:
         self.ws_server, self.user, self.session = ws_server, user, session
         self.decide, self.per_conversation, self.cpu_pid = decide, per_conversation, cpu_pid
+        self.read = read
         self.done, self.ws = 0, None
 
     def _cpu(self) -> float:
@@ -316,6 +322,7 @@ class SocketCycles:
         launch0 = time.perf_counter()
         ws.send(json.dumps({"message": f"echo {self.done}"}))
         approval_id = APPROVAL_ID.findall(recv_until(ws, 'data-status="pending"'))[-1]
+        read0 = self.read() if self.read else None
         cpu0 = self._cpu()
         t0 = time.perf_counter()
         response = self.decide(approval_id)
@@ -323,10 +330,13 @@ class SocketCycles:
         recv_until(ws, "data-tool-result=")
         t1 = time.perf_counter()
         cpu1 = self._cpu()
+        read = (read0, self.read()) if self.read else None
         assert response.status_code == 200, response.text
         recv_until(ws, 'data-running="false"')
         self.done += 1
-        return Trip(t1 - t0, tp - t0, cpu1 - cpu0, t0 - launch0, cpu0 - launch_cpu0, sent=t0)
+        return Trip(
+            t1 - t0, tp - t0, cpu1 - cpu0, t0 - launch0, cpu0 - launch_cpu0, sent=t0, read=read
+        )
 
     def close(self) -> None:
         if self.ws is not None:

@@ -7,7 +7,7 @@ sent -> tool result received) it reads every server thread's CPU from
 thread's name (``studio-http-3`` counts as ``studio-http``). Python does not
 give its threads' names to the kernel, so they are read once, after the
 warm-up, from ``py-spy dump`` (``bench/requirements.txt``); a thread
-started later counts under its kernel name. A diagnosis, not a goal: no
+started later counts as "(started later)". A diagnosis, not a goal: no
 peer runs beside it.
 
     .venv/bin/python bench/threads.py --approvals 600
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import re
 import shutil
@@ -89,43 +88,36 @@ def main() -> None:
     user, session = harness.make_member(f"threads{time.monotonic_ns()}")
     server = DaphneProcess(env=harness.server_env(), app="bench.asgi:application").start()
     http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
-    decide = harness.member_allow(http)
     clock = ThreadClock(server.pid)
-    per_thread: dict[str, list[int]] = collections.defaultdict(list)
-    process: list[float] = []
-    ws, names = None, {}
+    approvals = harness.SocketCycles(
+        ws_server=server,
+        user=user,
+        session=session,
+        decide=harness.member_allow(http),
+        per_conversation=args.per_conversation,
+        cpu_pid=server.pid,
+        read=clock.read,
+    )
     try:
-        for i in range(args.warmup + args.approvals):
-            if i % args.per_conversation == 0:
-                if ws is not None:
-                    ws.close()
-                ws = harness.open_chat(server, user, session)
-            if i == args.warmup:
-                names = thread_names(server.pid)
-            ws.send(json.dumps({"message": f"echo {i}"}))
-            pending = harness.recv_until(ws, 'data-status="pending"')
-            approval_id = harness.APPROVAL_ID.findall(pending)[-1]
-            before, cpu0 = clock.read(), harness.cpu_seconds(server.pid)
-            response = decide(approval_id)
-            harness.recv_until(ws, "data-tool-result=")
-            cpu1, after = harness.cpu_seconds(server.pid), clock.read()
-            assert response.status_code == 200, response.text
-            harness.recv_until(ws, 'data-running="false"')
-            if i < args.warmup:
-                continue
-            process.append(cpu1 - cpu0)
-            window: collections.Counter = collections.Counter()
-            for tid, ns in after.items():
-                window[names.get(tid, "(started later)")] += ns - before.get(tid, 0)
-            for name in set(names.values()) | set(window):
-                per_thread[name].append(window[name])
+        for _ in range(args.warmup):
+            approvals.one()
+        names = thread_names(server.pid)
+        trips = [approvals.one() for _ in range(args.approvals)]
     finally:
-        if ws is not None:
-            ws.close()
+        approvals.close()
         clock.close()
         http.close()
         server.stop()
 
+    per_thread: dict[str, list[int]] = collections.defaultdict(list)
+    for trip in trips:
+        before, after = trip.read
+        window: collections.Counter = collections.Counter()
+        for tid, ns in after.items():
+            window[names.get(tid, "(started later)")] += ns - before.get(tid, 0)
+        for name in set(names.values()) | set(window):
+            per_thread[name].append(window[name])
+    process = [trip.cpu for trip in trips]
     print(
         f"server CPU in a round trip's window, {args.approvals} approvals: "
         f"process median {statistics.median(process) * 1e6:.0f} us "
