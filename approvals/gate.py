@@ -15,11 +15,6 @@ wake from this process's own decision carries the committed row so the run
 need not read it again; a wake from elsewhere (another process, the poller)
 carries nothing and the run re-reads the row.
 
-A slot also keeps the row its run wrote, pending (``asked``): a decision made
-in this process checks that copy instead of reading the row again. What it
-checks of it never changes; whether it is still pending is the conditional
-update's to say.
-
 A decision made here for a run parked here may also hand the slot its card's
 broadcast, already on a short timer (``card``): the run's next fragments
 carry it to the tabs, one message instead of two, unless the timer sends it
@@ -53,9 +48,6 @@ class Slot(Latch):
         self.waiting = False
         # Nobody has looked at the row since its run wrote it (see ``fresh_look``).
         self._fresh = True
-        # The row as its run wrote it, pending (``approvals.services``: what a
-        # decision made here checks before its conditional update).
-        self.asked: Any = None
 
     def wake(self, outcome: Any = None, card: Any = None) -> None:
         def keep() -> None:
@@ -155,18 +147,6 @@ class Gate:
             return False
         slot.wake(outcome, card)
         return True
-
-    def asked(self, approval_id: str, *, untouched: bool = False) -> Any:
-        """The row its run wrote, if that run waits here (None otherwise).
-
-        ``untouched``: only while nothing has looked at the row or woken the
-        slot (see ``Slot.untouched``), when the row is still that one.
-        """
-        with self._lock:
-            slot = self._slots.get(approval_id)
-        if slot is None or (untouched and not slot.untouched()):
-            return None
-        return slot.asked
 
     def is_parked(self, approval_id: str) -> bool:
         """True while a run of this process is parked on ``approval_id``."""

@@ -13,8 +13,8 @@ The gate semantics (see DESIGN.md) live here:
 * ``approvals_end`` is the one way a pending approval ends without a user's
   decision (timeout, cancelled, expired): recorded as ``denied`` with its own
   reason, its card re-rendered in every tab;
-* ``approval_verdict`` applies the rules: any matching Deny, then Review,
-  then Ask, then Allow, then the conversation's Confirm switch.
+* rules (``approvals.rules``) are read again for every decision that lets
+  a call run, on the arguments that will run.
 
 There is one gate per process (``runtime().gate``); no service takes it as
 an argument, and tests empty it between cases.
@@ -23,7 +23,6 @@ an argument, and tests empty it between cases.
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import logging
 import time
@@ -32,7 +31,6 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 from django.template.loader import render_to_string
 from django.utils import timezone
 from jsonschema import Draft202012Validator
@@ -46,10 +44,18 @@ from approvals.models import (
     can_review,
 )
 from approvals.notify import REVIEWERS_GROUP, member_group
-from approvals.patterns import glob_escape
+from approvals.rules import (
+    Verdict,
+    approval_verdict,
+    call_read,
+    rule_create,
+    rule_hit,
+    speaks_for,
+)
 from studio.cancel import CancelToken
-from studio.orm import PreparedRows, create_row, update_where
+from studio.orm import create_row, update_where
 from studio.runtime import once_answered, release_connection, runtime
+from studio.shell import Reading
 from studio.text import strip_nul, strip_nul_json
 
 logger = logging.getLogger(__name__)
@@ -113,9 +119,18 @@ class ClientInfo:
 class DecideResult:
     """A decision's outcome; the card is drawn the first time someone asks for it."""
 
-    def __init__(self, *, resolved: bool, approval: ToolApproval, card_html: str | None = None):
+    def __init__(
+        self,
+        *,
+        resolved: bool,
+        approval: ToolApproval,
+        card_html: str | None = None,
+        review: bool = False,
+    ):
         self.resolved = resolved
         self.approval = approval
+        # Not decided: the call went to a reviewer, as a Review rule wants.
+        self.review = review
         self._card_html = card_html
 
     @property
@@ -136,14 +151,7 @@ def approval_get_for_user(*, approval_id: str, user) -> ToolApproval:
 
 
 def approval_now(approval_id: str) -> ToolApproval | None:
-    """The row as it is now, with its conversation (None once deleted).
-
-    A call whose run waits in this process and that nothing has touched yet
-    (see ``Slot.untouched``) is as its run wrote it: that row, not read again.
-    """
-    asked = runtime().gate.asked(approval_id, untouched=True)
-    if asked is not None:
-        return asked
+    """The row as it is now, with its conversation (None once deleted)."""
     return ToolApproval.objects.by_approval_id(approval_id)
 
 
@@ -167,127 +175,9 @@ def _visible(approval: ToolApproval | None, approval_id: str, user) -> ToolAppro
 
 
 def _to_decide(approval_id: str, user) -> ToolApproval:
-    """The row a decision checks before its conditional update, if ``user`` may see it.
-
-    For a call whose run waits in this process, a copy of the row as that run
-    wrote it, not read again: what the checks read of it (its conversation's
-    owner, whether a reviewer decides it, the tool, its arguments and schema,
-    when it was asked) never changes, and whether it is still pending is the
-    update's own condition. Any other row is read.
-    """
+    """The row a decision checks before its conditional update, if ``user`` may see it."""
     _check_asker(approval_id, user)
-    asked = runtime().gate.asked(approval_id)
-    if asked is None:
-        return _visible(ToolApproval.objects.by_approval_id(approval_id), approval_id, user)
-    return _visible(copy.copy(asked), approval_id, user)
-
-
-# --- rules --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the rules say about one call: allow, ask, review or deny, and why."""
-
-    action: str
-    reason: str = ""  # for calls that do not ask: RULE, POLICY or CONFIRM_OFF
-    rule: ToolRule | None = None
-
-
-def policy_rules() -> list[ToolRule]:
-    """STUDIO_AUTO_ALLOW_TOOLS as the admin Allow rules it stands for (never saved)."""
-    return [
-        ToolRule(
-            tool=name,
-            action=Action.ALLOW,
-            scope=Scope.EVERYONE,
-            note="STUDIO_AUTO_ALLOW_TOOLS",
-        )
-        for name in settings.STUDIO_AUTO_ALLOW_TOOLS
-    ]
-
-
-# Every gated call reads its rules: compiled once (see studio.orm), 0.08 ms
-# for three rules against the ORM's 0.88 ms, measured in one process on SQLite.
-_RULES_IN = PreparedRows(
-    lambda owner_id, conversation_id: ToolRule.objects.applying_in(owner_id, conversation_id),
-    samples=((-2_000_000_001, -2_000_000_002), (-2_000_000_003, -2_000_000_004)),
-)
-
-
-def rules_for(conversation) -> list[ToolRule]:
-    """Every rule that applies in ``conversation``, the most specific first."""
-    order = {Scope.CONVERSATION: 0, Scope.MEMBER: 1, Scope.EVERYONE: 2}
-    rules = _RULES_IN.all(conversation.owner_id, conversation.pk)
-    rules.sort(key=lambda r: (order[r.scope], -r.created_at.timestamp()))
-    return rules + policy_rules()
-
-
-def approval_verdict(
-    *, conversation, tool_name: str, subject: str, parts: tuple[str, ...] | None = ()
-) -> Verdict:
-    """Any matching Deny, then Review, then Ask, then Allow, then the Confirm switch.
-
-    So an admin's Ask or Deny holds even where a member switched confirmation
-    off. Every automatic outcome names its rule (the rule's hit count goes up).
-    ``parts`` are the simple commands of a command line (``approvals.patterns``;
-    ``()``: the subject is its one part; None: it cannot be read): Deny,
-    Review and Ask match the whole or any part; an Allow with a pattern must
-    match every part, or be this exact subject.
-    """
-    if parts == ():
-        parts = (subject,)
-    rules = [r for r in rules_for(conversation) if r.tool in ("*", tool_name)]
-    pieces = {subject, *(parts or ())}
-    for action in (Action.DENY, Action.REVIEW, Action.ASK):
-        rule = next(
-            (
-                r
-                for r in rules
-                if r.action == action and any(r.matches(tool_name, p) for p in pieces)
-            ),
-            None,
-        )
-        if rule is not None:
-            return _verdict_by(rule)
-    allows = [r for r in rules if r.action == Action.ALLOW]
-    rule = next((r for r in allows if not r.pattern or r.pattern == glob_escape(subject)), None)
-    if rule is None and parts is not None:
-        covering = [next((r for r in allows if r.matches(tool_name, p)), None) for p in parts]
-        rule = covering[0] if covering and all(covering) else None
-    if rule is not None:
-        return _verdict_by(rule)
-    if conversation.confirm_tool_calls:
-        return Verdict(Action.ASK)
-    return Verdict(Action.ALLOW, Reason.CONFIRM_OFF)
-
-
-def _verdict_by(rule: ToolRule) -> Verdict:
-    if rule.pk is not None:
-        ToolRule.objects.filter(pk=rule.pk).update(hits=F("hits") + 1, last_hit_at=timezone.now())
-    return Verdict(rule.action, Reason.RULE if rule.pk else Reason.POLICY, rule)
-
-
-def rule_create(
-    *, conversation, user, tool: str, pattern: str = "", scope: str = Scope.CONVERSATION
-) -> ToolRule:
-    """A member's Allow rule, for this conversation or for all their chats."""
-    return ToolRule.objects.create(
-        tool=tool,
-        pattern=pattern,
-        action=Action.ALLOW,
-        scope=scope,
-        member=user if scope == Scope.MEMBER else None,
-        conversation=conversation if scope == Scope.CONVERSATION else None,
-        created_by=user,
-    )
-
-
-def rule_revoke(*, rule: ToolRule, user) -> bool:
-    updated = ToolRule.objects.filter(pk=rule.pk, revoked_at__isnull=True).update(
-        revoked_at=timezone.now(), revoked_by=user
-    )
-    return bool(updated)
+    return _visible(ToolApproval.objects.by_approval_id(approval_id), approval_id, user)
 
 
 def card_render(approval: ToolApproval, viewer=None) -> str:
@@ -341,7 +231,6 @@ def approval_request(
         **_rule_fields(verdict),
     )
     slot = rt.gate.register(approval.approval_id, run_id=run_id)
-    slot.asked = approval
     inbox_broadcast(approval)
     return approval, slot
 
@@ -409,6 +298,11 @@ def approval_decide(
     those instead, checked against the tool's schema) or ``always`` (+
     optional ``pattern`` and ``scope``: also make an Allow rule).
 
+    Whatever lets a call run goes through the rules again, on the arguments
+    that would run: a Deny refuses the decision (``DecisionForbidden``) and
+    the call keeps waiting; a Review the decider may not satisfy turns the
+    call into a request for a reviewer (``review=True``), edits included.
+
     Raises ``ApprovalNotFound`` for unknown ids and other members' approvals
     (checked before anything else, so a foreign id reveals nothing) and
     ``InvalidDecision`` for a bad value. A decision on a decided row changes
@@ -430,15 +324,39 @@ def approval_decide(
     pattern = strip_nul(pattern or "").strip()
     if decision == "always":
         scope = scope or Scope.CONVERSATION
-        _check_always(approval, pattern, scope)
+    if status == Status.ALLOWED and approval.is_pending:
+        to_run = changes.get("approved_arguments", approval.arguments_to_run)
+        subject, reading = call_read(tool_name=approval.tool_name, arguments=to_run)
+        if decision == "always":
+            _check_always(approval, pattern, scope, subject, reading)
+        verdict = approval_verdict(
+            conversation=approval.conversation,
+            tool_name=approval.tool_name,
+            subject=subject,
+            reading=reading,
+            count=False,
+        )
+        if verdict.action == Action.DENY:
+            rule_hit(verdict.rule)
+            raise DecisionForbidden(_blocked_text(verdict.rule))
+        if verdict.action == Action.REVIEW and not _is_reviewer_of(approval, user):
+            return _to_review(approval, verdict, changes)
     now = timezone.now()
     changes.update(_audit_fields(approval, now, client))
+    # The row as this decision read it: what it checked (who decides it, what
+    # would run) must still hold when the update lands.
+    where = {
+        "pk": approval.pk,
+        "status": Status.PENDING,
+        "needs_review": approval.needs_review,
+        "approved_sha256": approval.approved_sha256,
+    }
     # One conditional UPDATE is atomic by itself: only an Always allow, whose
     # rule must commit with the decision, needs a transaction around it.
     with transaction.atomic() if decision == "always" else contextlib.nullcontext():
         updated = update_where(
             ToolApproval,
-            where={"pk": approval.pk, "status": Status.PENDING},
+            where=where,
             values=dict(
                 status=status, reason=reason, decided_by=user, decided_at=now, note=note, **changes
             ),
@@ -454,11 +372,7 @@ def approval_decide(
             changes = {"rule": rule, "rule_snapshot": rule.snapshot()}
             ToolApproval.objects.filter(pk=approval.pk).update(**changes)
     if not updated:
-        try:
-            approval.refresh_from_db()
-        except ToolApproval.DoesNotExist:
-            raise ApprovalNotFound(approval_id) from None  # deleted meanwhile
-        return DecideResult(resolved=False, approval=approval)
+        return _unchanged(approval)
     approval.status, approval.reason, approval.decided_by = status, reason, user
     approval.decided_at, approval.note = now, note
     for name, value in changes.items():
@@ -467,6 +381,57 @@ def approval_decide(
     # transaction, on_commit waits for it).
     result = DecideResult(resolved=True, approval=approval)
     transaction.on_commit(lambda: _decided(result))
+    return result
+
+
+def _unchanged(approval: ToolApproval) -> DecideResult:
+    """The row as it is now, for a decision that found it decided (or changed) first."""
+    try:
+        approval.refresh_from_db()
+    except ToolApproval.DoesNotExist:
+        raise ApprovalNotFound(approval.approval_id) from None  # deleted meanwhile
+    return DecideResult(resolved=False, approval=approval)
+
+
+def _is_reviewer_of(approval: ToolApproval, user) -> bool:
+    """A reviewer other than the call's requester: the second pair of eyes a Review wants."""
+    requester = approval.requested_by_id or approval.conversation.owner_id
+    return user.pk != requester and can_review(user)
+
+
+def _blocked_text(rule) -> str:
+    what = str(rule) if rule is not None else "a Deny rule"
+    note = f": {rule.note}" if rule is not None and rule.note else ""
+    return f"Blocked by the rule {what}{note}. Nothing ran; the call still waits for a decision."
+
+
+def _to_review(approval: ToolApproval, verdict: Verdict, changes: dict) -> DecideResult:
+    """The call (as edited, if it was) now waits for a reviewer, as a Review rule wants.
+
+    Its arguments as the decider left them are kept as the ones to run, so a
+    reviewer decides exactly what would run. Nothing runs meanwhile.
+    """
+    rule = verdict.rule
+    values = {"needs_review": True, **changes}
+    if rule is not None:
+        values.update(rule=rule if rule.pk else None, rule_snapshot=rule.snapshot())
+    updated = update_where(
+        ToolApproval,
+        where={
+            "pk": approval.pk,
+            "status": Status.PENDING,
+            "needs_review": approval.needs_review,
+            "approved_sha256": approval.approved_sha256,
+        },
+        values=values,
+    )
+    if not updated:
+        return _unchanged(approval)
+    rule_hit(rule)
+    for name, value in values.items():
+        setattr(approval, name, value)
+    result = DecideResult(resolved=False, approval=approval, review=True)
+    transaction.on_commit(lambda: _card_broadcast(approval, card_render(approval)))
     return result
 
 
@@ -526,14 +491,19 @@ def _edited(approval: ToolApproval, arguments: object) -> dict:
     return {"approved_arguments": arguments, "approved_sha256": arguments_hash(arguments)}
 
 
-def _check_always(approval: ToolApproval, pattern: str, scope: str) -> None:
+def _check_always(
+    approval: ToolApproval, pattern: str, scope: str, subject: str, reading: Reading
+) -> None:
     if scope not in (Scope.CONVERSATION, Scope.MEMBER):
         raise InvalidDecision("scope must be one of: conversation, member")
     if len(pattern) > 1000:
         raise InvalidDecision("pattern must be at most 1000 characters")
     probe = ToolRule(tool=approval.tool_name, pattern=pattern)
-    if pattern and not probe.matches(approval.tool_name, approval.subject):
-        raise InvalidDecision("the pattern does not match this call")
+    if not speaks_for(probe, approval.tool_name, subject, reading):
+        raise InvalidDecision(
+            "the pattern does not match this call"
+            + (f" (a pattern only allows plain commands, and {reading.why})" if reading.why else "")
+        )
 
 
 def approvals_decide(
@@ -567,14 +537,15 @@ def approvals_decide(
             answers.append({"approval_id": approval_id, "error": str(exc)})
             continue
         row = result.approval
-        answers.append(
-            {
-                "approval_id": approval_id,
-                "resolved": result.resolved,
-                "status": row.status,
-                "reason": row.reason,
-            }
-        )
+        answer = {
+            "approval_id": approval_id,
+            "resolved": result.resolved,
+            "status": row.status,
+            "reason": row.reason,
+        }
+        if result.review:
+            answer["review"] = True
+        answers.append(answer)
     return answers
 
 

@@ -51,7 +51,8 @@ def notifications(request: HtmxHttpRequest) -> HttpResponse:
 def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
     """Allow, Deny (+ note), Edit (+ arguments) or Always allow (+ pattern, scope).
 
-    The first decision wins: a later one answers 409 with the current card.
+    The first decision wins: a later one answers 409 with the current card. A
+    call a Review rule sends to a reviewer answers 202 with its card, waiting.
     """
     try:
         _once(request, SINGLE)
@@ -73,16 +74,16 @@ def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
         return _refused(request, str(exc), status=403)
 
     approval = result.approval
-    status = 200 if result.resolved else 409
+    status = 200 if result.resolved else 202 if result.review else 409
     if wants_json(request):
-        return JsonResponse(
-            {"resolved": result.resolved, "status": approval.status, "reason": approval.reason},
-            status=status,
-        )
+        answer = {"resolved": result.resolved, "status": approval.status, "reason": approval.reason}
+        if result.review:
+            answer["review"] = True  # pending, now for a reviewer
+        return JsonResponse(answer, status=status)
     if request.htmx:
         # A 409 carries the current card too; studio.js tells htmx to swap it.
         return HttpResponse(result.card_html, status=status)
-    if result.resolved:
+    if result.resolved or result.review:
         return _back(request, approval)
     return render(request, "approvals/already_decided.html", {"approval": approval}, status=409)
 

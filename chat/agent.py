@@ -27,6 +27,7 @@ from django.conf import settings
 from django.db import transaction
 
 from approvals.gate import Slot
+from approvals.rules import approval_verdict
 from approvals.models import ToolApproval, ToolRule, arguments_hash
 from approvals.services import (
     ApprovalNotFound,
@@ -36,7 +37,6 @@ from approvals.services import (
     approval_record_output,
     approval_release,
     approval_request,
-    approval_verdict,
     approval_withdraw,
 )
 from chat import events
@@ -250,7 +250,7 @@ class Agent:
         if refusal is not None:
             return _Refused(call, refusal)
         tool = self.toolbox.tools[call.name]
-        subject = tool.subject(call.arguments)
+        subject, reading = tool.reading(call.arguments)
         details = {
             "conversation": self.conversation,
             "tool_name": call.name,
@@ -266,7 +266,7 @@ class Agent:
             conversation=self.conversation,
             tool_name=call.name,
             subject=subject,
-            parts=tool.subject_parts(subject),
+            reading=reading,
         )
         if verdict.action in (Action.ALLOW, Action.DENY):
             return _Decided(call, approval_record_auto(verdict=verdict, **details))

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from chat.models import Conversation
 from chat.tools import builtin_tools
 from chat.tools.base import Tool
+from studio.shell import Reading
+from studio.text import canonical_json
 
 
 @dataclass(frozen=True)
@@ -47,3 +49,13 @@ def toolbox_for(
     return Toolbox(
         tools=tools, enabled=tuple(name for name in enabled if name in tools), learned=learned
     )
+
+
+def call_reading(tool_name: str, arguments: dict) -> tuple[str, Reading]:
+    """How rules read a call: a built-in's own way (a command line as bash reads
+    it), and any other tool's arguments as JSON, in one part."""
+    tool = builtin_tools().get(tool_name)
+    if tool is not None:
+        return tool.reading(arguments)
+    subject = canonical_json(arguments)
+    return subject, Reading.whole(subject)

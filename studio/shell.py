@@ -1,44 +1,307 @@
-"""How a shell command line reads: the simple commands it runs.
+"""How rules read a tool call's subject, and a bash command line as bash reads it.
 
-Rules (``approvals.patterns``) match each of them; the terminal tool
-declares this as how its subject splits.
+A command line is parsed with tree-sitter's bash grammar, never split by
+hand. ``read_command_line`` says two things about it:
+
+* ``plain``: the simple commands it runs, each as its words joined by a
+  space, when Studio understood the whole line: only simple commands made
+  of literal words (bare words, single-quoted strings, double-quoted strings
+  without expansions) joined by ``;``, ``&&``, ``||``, ``|``, ``&`` or
+  newlines. Only then may an Allow rule's pattern vouch for it. Anything
+  else is None, with ``why`` saying what Studio could not vouch for.
+* ``seen``: every simple command the parser found anywhere in the line,
+  nested ones included (substitutions, subshells, ``bash -c '…'`` and
+  ``eval`` strings, what a command runner such as ``sudo`` or ``xargs``
+  starts), for Deny, Review and Ask rules to look at.
 """
 
 from __future__ import annotations
 
-import shlex
+import re
+from dataclasses import dataclass
+from functools import cache
 
-_SEPARATORS = {";", "&&", "||", "|", "&", "|&", ";;", "\n"}
-_NOT_READABLE = ("`", "$(", "<(", ">(")
+import tree_sitter_bash
+from tree_sitter import Language, Node, Parser
 
 
-def command_parts(command: str) -> tuple[str, ...] | None:
-    """The simple commands of a shell line (words unquoted, joined by one space).
+@dataclass(frozen=True)
+class Reading:
+    """What rules read of one call's subject.
 
-    None when the line holds what a pattern cannot vouch for: command or
-    process substitution, a redirection, a subshell or group, or quoting
-    the shell would reject.
+    ``plain``: the parts an Allow pattern must each match, or None when the
+    subject holds something no pattern can vouch for (``why`` says what).
+    ``seen``: every piece Deny, Review and Ask rules look at, the whole
+    subject first. ``argvs``: a command line's commands as bash's argv.
     """
-    if any(mark in command for mark in _NOT_READABLE):
-        return None
-    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|<>()\n")
-    lexer.whitespace = " \t\r"  # a newline separates commands
-    lexer.commenters = ""  # "#" is only a comment at a word's start: keep it
-    lexer.whitespace_split = True
-    parts: list[str] = []
-    words: list[str] = []
+
+    plain: tuple[str, ...] | None
+    seen: tuple[str, ...]
+    why: str = ""
+    argvs: tuple[tuple[str, ...], ...] | None = None
+
+    @classmethod
+    def whole(cls, subject: str) -> Reading:
+        """A subject that is one part (a URL, code, JSON arguments)."""
+        return cls(plain=(subject,), seen=(subject,))
+
+
+# Commands that run other commands, or change how the next ones are found:
+# a pattern over their words cannot say what will really run.
+RUNNERS = frozenset(
+    """
+    . alias bash builtin busybox caller chroot chrt command coproc csh dash doas
+    enable env eval exec fish flock hash ionice ksh ltrace mksh nice nohup nsenter
+    parallel prlimit runuser script set setpriv setsid sh shopt source stdbuf
+    strace su sudo taskset tcsh time timeout trap unshare watch xargs zsh
+    """.split()
+)
+SHELLS = frozenset("ash bash busybox dash ksh mksh sh zsh".split())
+# ``find`` runs a command of its own with these.
+FIND_RUNS = frozenset(("-exec", "-execdir", "-ok", "-okdir"))
+# Nested command strings (``bash -c '…'``) are read this many levels deep.
+MAX_DEPTH = 3
+
+# Node types whose text is a literal word once quoting is taken off.
+_LITERAL_PARTS = frozenset(("word", "number", "raw_string", "string"))
+_SEPARATORS = frozenset((";", "&", "&&", "||", "|"))
+# Bytes bash and the grammar might not agree on; a line holding one is not plain.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# In a bare word: expansions, brace expansion and tilde expansion change the word.
+_BARE_SPECIAL = re.compile(r"[$`{}]|^~")
+# In a command name, also globbing (``/bin/r?``) and anything but printable ASCII.
+_NAME_SPECIAL = re.compile(r"[*?\[\]]|[^\x21-\x7e]")
+# Inside double quotes bash removes a backslash only before these.
+_DQ_ESCAPE = re.compile(r"\\([$`\"\\])")
+_BARE_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
+
+
+@cache
+def _parser() -> Parser:
+    return Parser(Language(tree_sitter_bash.language()))
+
+
+class _NotPlain(Exception):
+    """The line holds something no pattern can vouch for (the message says what)."""
+
+
+def read_command_line(line: str, *, depth: int = 0) -> Reading:
+    """Read ``line`` as bash does: its plain commands, or why not, and all it runs."""
+    source = line.encode("utf-8", "surrogatepass")
+    tree = _parser().parse(source)
+    seen: list[str] = [line]
+    for command in _descendants(tree.root_node, "command"):
+        seen.extend(_seen_in(command, source, depth))
     try:
-        for token in lexer:
-            if token and set(token) <= set(";&|<>()\n"):
-                if token.strip("\n") == "" or token in _SEPARATORS:
-                    if words:
-                        parts.append(" ".join(words))
-                    words = []
-                    continue
-                return None  # a redirection, subshell or an operator we do not read
-            words.append(token)
-    except ValueError:
-        return None  # unbalanced quotes
-    if words:
-        parts.append(" ".join(words))
-    return tuple(parts)
+        argvs = _plain(tree.root_node, line, source)
+    except _NotPlain as exc:
+        return Reading(plain=None, seen=_unique(seen), why=str(exc))
+    return Reading(
+        plain=tuple(" ".join(argv) for argv in argvs),
+        seen=_unique(seen),
+        argvs=tuple(argvs),
+    )
+
+
+def _unique(items: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+# --- plain lines ------------------------------------------------------------------------
+
+
+def _plain(root: Node, line: str, source: bytes) -> list[tuple[str, ...]]:
+    """The argv of each simple command of a plain line; raises ``_NotPlain``."""
+    if root.has_error:
+        raise _NotPlain("bash would not read it the way Studio does (a syntax error)")
+    if _CONTROL.search(line) or "\r" in line:
+        raise _NotPlain("it holds control characters")
+    if "\\\n" in line:
+        raise _NotPlain("a backslash continues a line")
+    argvs: list[tuple[str, ...]] = []
+    _gaps(root, source, allowed=b" \t\n")
+    for child in root.children:
+        if child.type == "comment":
+            before = source[: child.start_byte].rsplit(b"\n", 1)[-1]
+            if before.strip(b" \t"):
+                raise _NotPlain("a # starts a comment after a command")
+        elif child.type in _SEPARATORS:
+            continue
+        else:
+            _statement(child, source, argvs)
+    return argvs
+
+
+def _statement(node: Node, source: bytes, argvs: list[tuple[str, ...]]) -> None:
+    if node.type == "command":
+        argvs.append(_command(node, source))
+        return
+    if node.type == "list":
+        joints = ("&&", "||")
+    elif node.type == "pipeline":
+        joints = ("|",)
+    else:
+        raise _NotPlain(_describe(node))
+    _gaps(node, source, allowed=b" \t\n")
+    for child in node.children:
+        if child.type in joints:
+            continue
+        if child.type in ("&&", "||", "|", "|&"):
+            raise _NotPlain(f"it joins commands with {child.type}")
+        _statement(child, source, argvs)
+
+
+def _command(node: Node, source: bytes) -> tuple[str, ...]:
+    _gaps(node, source, allowed=b" \t")
+    words: list[str] = []
+    for child in node.children:
+        if child.type == "command_name":
+            if len(child.children) != 1:
+                raise _NotPlain("its command name is not a plain word")
+            name = _literal(child.children[0], source)
+            if not name or _NAME_SPECIAL.search(name):
+                raise _NotPlain(f"the command name {name!r} is not a plain name")
+            words.append(name)
+        elif not words:
+            raise _NotPlain(_describe(child))
+        else:
+            words.append(_literal(child, source))
+    if not words:
+        raise _NotPlain("a command has no name")
+    program = words[0].rsplit("/", 1)[-1]
+    if program in RUNNERS:
+        raise _NotPlain(f"{program} runs other commands")
+    if program == "find" and FIND_RUNS.intersection(words[1:]):
+        raise _NotPlain("find runs other commands")
+    return tuple(words)
+
+
+def _literal(node: Node, source: bytes) -> str:
+    """The word bash makes of ``node``, if it is a plain literal; raises ``_NotPlain``."""
+    text = node.text.decode("utf-8", "surrogatepass")
+    if node.type in ("word", "number"):
+        if _BARE_SPECIAL.search(text):
+            raise _NotPlain(f"the word {text!r} is expanded by bash")
+        return _BARE_ESCAPE.sub(r"\1", text)
+    if node.type == "raw_string":
+        return text[1:-1]
+    if node.type == "string":
+        inner = node.children[1:-1]
+        if any(c.type != "string_content" for c in inner):
+            raise _NotPlain(f"the string {text} is expanded by bash")
+        content = text[1:-1]
+        if re.search(r"(?<!\\)(?:\\\\)*[$`]", content):
+            raise _NotPlain(f"the string {text} is expanded by bash")
+        return _DQ_ESCAPE.sub(r"\1", content)
+    if node.type == "concatenation":
+        _gaps(node, source, allowed=b"")
+        parts = node.children
+        if any(p.type not in _LITERAL_PARTS for p in parts):
+            raise _NotPlain(f"the word {text!r} is expanded by bash")
+        # Brace expansion spans the parts: a "{" in one and "}" in another.
+        return "".join(_literal(p, source) for p in parts)
+    raise _NotPlain(_describe(node))
+
+
+def _gaps(node: Node, source: bytes, *, allowed: bytes) -> None:
+    """Between ``node``'s children only these bytes: nothing the grammar skipped over."""
+    at = node.start_byte
+    for child in node.children:
+        gap = source[at : child.start_byte]
+        if gap.strip(allowed) if allowed else gap:
+            raise _NotPlain("it holds text the parser passed over")
+        at = child.end_byte
+    if node.type == "program":
+        if source[at:].strip(allowed):
+            raise _NotPlain("it holds text the parser passed over")
+
+
+_DESCRIPTIONS = {
+    "command_substitution": "command substitution",
+    "process_substitution": "process substitution",
+    "ansi_c_string": "a $'…' string",
+    "translated_string": 'a $"…" string',
+    "simple_expansion": "a variable",
+    "expansion": "a variable",
+    "arithmetic_expansion": "arithmetic expansion",
+    "redirected_statement": "a redirection or here-document",
+    "file_redirect": "a redirection",
+    "heredoc_redirect": "a here-document",
+    "herestring_redirect": "a here-string",
+    "subshell": "a subshell",
+    "compound_statement": "a group of commands",
+    "function_definition": "a function definition",
+    "variable_assignment": "a variable assignment",
+    "declaration_command": "a declaration",
+    "negated_command": "a negated command",
+}
+
+
+def _describe(node: Node) -> str:
+    what = _DESCRIPTIONS.get(node.type)
+    if what is None:
+        what = node.type.replace("_", " ")
+        if node.type.endswith("_statement"):
+            what = f"a shell {node.type.removesuffix('_statement')} statement"
+    return f"it uses {what}"
+
+
+# --- everything the line runs ----------------------------------------------------------------
+
+
+def _descendants(node: Node, kind: str):
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current.type == kind:
+            yield current
+        stack.extend(reversed(current.children))
+
+
+def _seen_in(command: Node, source: bytes, depth: int) -> list[str]:
+    """One simple command as Deny rules see it, and what it runs in turn."""
+    words: list[str] = []
+    for child in command.children:
+        if child.type in ("command_name", "variable_assignment"):
+            if child.type == "variable_assignment":
+                continue
+            child = child.children[0] if child.children else child
+        elif child.type.endswith("redirect"):
+            continue
+        words.append(_best_effort(child, source))
+    raw = command.text.decode("utf-8", "surrogatepass")
+    pieces = [raw]
+    if not words:
+        return pieces
+    pieces.append(" ".join(words))
+    program = words[0].rsplit("/", 1)[-1]
+    if program in RUNNERS or (program == "find" and FIND_RUNS.intersection(words)):
+        # What it starts is somewhere in its tail: every tail is a command.
+        pieces.extend(" ".join(words[i:]) for i in range(1, len(words)))
+    if depth < MAX_DEPTH:
+        nested = None
+        if program in SHELLS:
+            nested = next(
+                (words[i + 1] for i, w in enumerate(words[:-1]) if re.fullmatch(r"-\w*c\w*", w)),
+                None,
+            )
+        elif program == "eval":
+            nested = " ".join(words[1:])
+        if nested:
+            pieces.extend(read_command_line(nested, depth=depth + 1).seen)
+    return pieces
+
+
+def _best_effort(node: Node, source: bytes) -> str:
+    """The word's value where it is literal, else its text as written."""
+    try:
+        return _literal(node, source)
+    except _NotPlain:
+        pass
+    text = node.text.decode("utf-8", "surrogatepass")
+    if node.type == "ansi_c_string":
+        try:
+            return text[2:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
+        except (UnicodeDecodeError, UnicodeEncodeError):
+            return text
+    return text

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolRule, arguments_hash
-from approvals.services import rules_for
+from approvals.rules import rules_for
 from chat.models import Conversation, Message, Run
 from studio.orm import PreparedCount, PreparedGet, PreparedRows, create_row, update_where
 from tests.factories import make_approval, make_conversation, make_user

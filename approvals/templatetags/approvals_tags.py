@@ -9,7 +9,7 @@ from django.utils import timezone
 from django.utils.timesince import timesince
 
 from approvals.patterns import glob_escape
-from studio.shell import command_parts
+from studio.shell import read_command_line
 
 register = template.Library()
 
@@ -74,10 +74,10 @@ def always_choices(approval) -> list[dict]:
     choices = [{"pattern": "", "label": f"{tool_label(approval.tool_name)} in this chat"}]
     subject = approval.subject or ""
     if approval.tool_name == "terminal" and subject.strip():
-        # Word prefixes only for one simple command: a rule never vouches
-        # for what follows a ";" or a "&&" (see approvals.patterns).
-        parts = command_parts(subject) or ()
-        words = parts[0].split(" ") if len(parts) == 1 else []
+        # Word prefixes only for one plain command: a pattern never vouches
+        # for what follows a ";" or a "&&", nor for a line it cannot read.
+        argvs = read_command_line(subject).argvs or ()
+        words = list(argvs[0]) if len(argvs) == 1 else []
         for count in (1, 2):
             if len(words) > count or (count == 1 and words):
                 prefix = " ".join(words[:count])
@@ -98,9 +98,21 @@ def always_choices(approval) -> list[dict]:
 
 
 @register.filter
+def rules_cannot_read(approval) -> str:
+    """Why no Allow pattern can vouch for a pending command line ("" when one can)."""
+    if approval.tool_name != "terminal" or not approval.subject:
+        return ""
+    return read_command_line(approval.subject).why
+
+
+@register.filter
 def edit_fields(approval) -> list[dict]:
-    """The editor of a pending card: one field per argument of a built-in, else JSON."""
-    arguments = approval.arguments if isinstance(approval.arguments, dict) else {}
+    """The editor of a pending card: one field per argument of a built-in, else JSON.
+
+    It starts from what would run: a reviewer edits the member's edit, if any.
+    """
+    arguments = approval.arguments_to_run
+    arguments = arguments if isinstance(arguments, dict) else {}
     editor = EDITORS.get(approval.tool_name)
     if editor and set(arguments) <= {editor[0]}:
         name, kind = editor

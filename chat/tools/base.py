@@ -9,6 +9,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from studio.cancel import CancelToken
+from studio.shell import Reading
 from studio.text import canonical_json
 
 
@@ -52,16 +53,18 @@ class Tool:
     # The argument rules match against (a command line, a URL, code); without
     # one, rules match the arguments as canonical JSON.
     subject_argument: str = ""
-    # How rules split the subject into parts (a command line's simple commands;
-    # None when it cannot be read); without it, the subject is one part.
-    split_subject: Callable[[str], tuple[str, ...] | None] | None = None
+    # How rules read the subject (a command line as bash reads it); without
+    # one, the subject is one part.
+    read_subject: Callable[[str], Reading] = Reading.whole
 
     def subject(self, arguments: dict) -> str:
         value = arguments.get(self.subject_argument) if self.subject_argument else None
         return value if isinstance(value, str) else canonical_json(arguments)
 
-    def subject_parts(self, subject: str) -> tuple[str, ...] | None:
-        return self.split_subject(subject) if self.split_subject else (subject,)
+    def reading(self, arguments: dict) -> tuple[str, Reading]:
+        """The subject rules match and how they read it."""
+        subject = self.subject(arguments)
+        return subject, self.read_subject(subject)
 
     @property
     def label(self) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from chat.tools.base import Tool, ToolResult
 from chat.tools.sandbox import run_tool
 from studio.cancel import CancelToken
-from studio.shell import command_parts
+from studio.shell import read_command_line
 
 
 def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> ToolResult:
@@ -35,5 +35,5 @@ TOOL = Tool(
     },
     run=run,
     subject_argument="command",
-    split_subject=command_parts,
+    read_subject=read_command_line,
 )

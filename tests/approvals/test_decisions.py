@@ -10,11 +10,11 @@ from django.test import Client
 from django.urls import reverse
 
 from approvals.models import ToolApproval, ToolRule, arguments_hash
+from approvals.rules import approval_verdict
 from approvals.services import (
     InvalidDecision,
     approval_decide,
     approval_request,
-    approval_verdict,
     approvals_decide,
 )
 from chat.agent import EDITED_TEXT
@@ -333,7 +333,7 @@ def test_allow_then_stop_before_the_run_looks_runs_the_call_and_says_so(
 
 
 def test_a_pending_approval_records_its_subject_and_schema(conversation):
-    from approvals.services import Verdict
+    from approvals.rules import Verdict
 
     approval, _ = approval_request(
         conversation=conversation, tool_name="terminal", arguments={"command": "ls"},

@@ -412,18 +412,6 @@ def approval_reads(queries) -> list[str]:
     ]
 
 
-def test_a_decision_on_a_call_waiting_here_checks_the_row_its_run_wrote(conversation, alice, gate):
-    approval, slot = request(conversation, gate)
-    with CaptureQueriesContext(connection) as queries:
-        result = approval_decide(approval_id=approval.approval_id, user=alice, decision="allow")
-    assert result.resolved and result.approval.status == "allowed"
-    assert approval_reads(queries) == []
-    assert ToolApproval.objects.get(pk=approval.pk).status == "allowed"
-    # A copy was decided: the run's own row is as it wrote it.
-    assert result.approval is not slot.asked
-    assert (slot.asked.status, slot.asked.decided_by_id) == ("pending", None)
-
-
 def test_a_decision_here_on_a_call_decided_elsewhere_answers_with_the_row_as_it_is(
     conversation, alice, gate
 ):
@@ -440,20 +428,3 @@ def test_a_decision_here_on_a_call_deleted_meanwhile_is_not_found(conversation, 
     ToolApproval.objects.filter(pk=approval.pk).delete()
     with pytest.raises(ApprovalNotFound):
         approval_decide(approval_id=approval.approval_id, user=alice, decision="allow")
-
-
-def test_the_row_as_it_is_now_is_the_runs_own_until_a_look_or_a_wake(conversation, gate):
-    from approvals.services import approval_now
-
-    approval, slot = request(conversation, gate)
-    with CaptureQueriesContext(connection) as queries:
-        assert approval_now(approval.approval_id) is slot.asked
-    assert len(queries) == 0
-    assert look(slot) is None  # the first look: from now on the row is read
-    now = approval_now(approval.approval_id)
-    assert now is not slot.asked and now.status == "pending"
-    other, other_slot = request(conversation, gate, run_id="run-2", arguments={"code": "2"})
-    decided_behind_the_gates_back(other)
-    gate.wake(other.approval_id)
-    assert approval_now(other.approval_id).status == "allowed"
-    assert approval_now("no-such-id") is None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from approvals.models import ToolApproval, ToolRule
-from approvals.services import approval_verdict
-from studio.shell import command_parts
+from approvals.rules import approval_verdict
+from studio.shell import read_command_line
 from tests.factories import make_conversation
 
 pytestmark = pytest.mark.django_db
@@ -151,8 +151,8 @@ def test_rules_decide_with_precedence(case, alice, bob):
         if spec["revoked"]:
             row.revoked_at = row.created_at
             row.save()
-    parts = command_parts(subject) if tool == "terminal" else ()
-    verdict = approval_verdict(conversation=mine, tool_name=tool, subject=subject, parts=parts)
+    reading = read_command_line(subject) if tool == "terminal" else None
+    verdict = approval_verdict(conversation=mine, tool_name=tool, subject=subject, reading=reading)
     assert (verdict.action, verdict.reason) == (action, reason)
     assert verdict.rule == (rules[index] if index is not None else None)
     if index is not None:

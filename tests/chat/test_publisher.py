@@ -261,31 +261,6 @@ def test_an_announced_card_is_the_row_as_it_is_now_read_in_one_query():
     assert 'data-status="denied"' in decided and 'value="allow"' not in decided
 
 
-def test_the_card_of_a_call_waiting_here_is_drawn_from_the_row_its_run_wrote(gate):
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
-    from approvals.services import approval_request
-
-    conversation = make_conversation(make_user())
-    approval, _ = approval_request(
-        conversation=conversation,
-        tool_name="python",
-        arguments={"code": "print(1 + 1)"},
-        requested_by=conversation.owner,
-        run_id="run-1",
-    )
-    with CaptureQueriesContext(connection) as queries:
-        pending = render.tool_started(started(approval))
-    assert 'data-status="pending"' in pending and 'value="allow"' in pending
-    assert len(queries) == 0
-    # Decided in another process, its wake delivered: the row is read again.
-    ToolApproval.objects.filter(pk=approval.pk).update(status=ToolApproval.Status.DENIED)
-    gate.wake(approval.approval_id)
-    decided = render.tool_started(started(approval))
-    assert 'data-status="denied"' in decided and 'value="allow"' not in decided
-
-
 def test_an_announced_card_whose_row_is_gone_is_an_error():
     approval = make_approval(make_conversation(make_user()))
     ToolApproval.objects.filter(pk=approval.pk).delete()

@@ -1,0 +1,117 @@
+"""How rules read a command line: bash's grammar, plain commands only, everything it runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from studio.shell import Reading, read_command_line
+
+
+@pytest.mark.parametrize(
+    ("line", "plain"),
+    [
+        ("ls -la", ("ls -la",)),
+        ("ls  -la\t", ("ls -la",)),
+        ("ls; rm -rf x", ("ls", "rm -rf x")),
+        ("ls && rm x || id", ("ls", "rm x", "id")),
+        ("ls | grep a &", ("ls", "grep a")),
+        ("ls\nrm x\n\n", ("ls", "rm x")),
+        ("echo 'a; b' c", ("echo a; b c",)),  # a quoted ";" is part of a word
+        ("echo '&&' c", ("echo && c",)),
+        ("ls a#;rm x", ("ls a#", "rm x")),  # "#" mid-word is no comment to bash
+        ("# list them\nls", ("ls",)),  # a comment on a line of its own
+        ("r\\m -rf x", ("rm -rf x",)),  # bash removes the backslash
+        ("ls 'a'\"b\"c", ("ls abc",)),
+        ('echo "a\\$b"', ("echo a$b",)),
+        ('"ls" -la', ("ls -la",)),
+        ("ls *.py", ("ls *.py",)),
+    ],
+)
+def test_a_plain_line_reads_as_its_commands(line, plain):
+    reading = read_command_line(line)
+    assert (reading.plain, reading.why) == (plain, "")
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        # The attack of issue 34: shlex read one ls, bash runs three commands.
+        ("ls $'\\'' ; id > PWNED.txt ; #'", "$'…' string"),
+        ('echo $"hi"', "$"),
+        ("echo $(rm x)", "command substitution"),
+        ("echo `rm x`", "command substitution"),
+        ("diff <(ls a) <(ls b)", "process substitution"),
+        ("echo $HOME", "variable"),
+        ("$CMD x", "variable"),
+        ("echo x > f", "redirection"),
+        ("ls 2>&1", "redirection"),
+        ("cat <<EOF\nx\nEOF", "here-document"),
+        ("(cd x; rm y)", "subshell"),
+        ("{ ls; }", "group"),
+        ("f() { rm x; }; f", "function definition"),
+        ("FOO=1 ls", "variable assignment"),
+        ("PATH=. ls", "variable assignment"),
+        ("eval ls", "eval runs"),
+        ("exec ls", "exec runs"),
+        ("source x.sh", "source runs"),
+        (". x.sh", ". runs"),
+        ("bash -c 'ls'", "bash runs"),
+        ("sh -c ls", "sh runs"),
+        ("env ls", "env runs"),
+        ("/usr/bin/env rm x", "env runs"),
+        ("xargs rm", "xargs runs"),
+        ("find . -exec rm x +", "find runs"),
+        ("nohup ls", "nohup runs"),
+        ("timeout 5 ls", "timeout runs"),
+        ("sudo ls", "sudo runs"),
+        ("command rm x", "command runs"),
+        ("ls\\\n-la", "backslash continues"),
+        ("ls # ; rm x", "comment after a command"),
+        ("lś -la", "not a plain name"),
+        ("/bin/r? x", "not a plain name"),
+        ("echo 'unbalanced", "syntax error"),
+        ("ls;;", ";;"),
+        ("ls |& cat", "|&"),
+        ("ls\r\nid", "control characters"),
+        ("ls\x0b-la", "control characters"),
+        ("{rm,-rf,x}", "syntax error"),
+        ("echo {a,b}", "expanded"),
+        ("echo ~", "expanded"),
+        ("if true; then ls; fi", "if statement"),
+        ("! ls", "negated"),
+        ("ls $'x'", "$'…' string"),
+    ],
+)
+def test_anything_else_is_not_plain(line, why):
+    reading = read_command_line(line)
+    assert reading.plain is None
+    assert why in reading.why
+
+
+@pytest.mark.parametrize(
+    ("line", "seen"),
+    [
+        ("echo $'\\'' ; rm -f x ; #'", "rm -f x"),
+        ("echo $(rm -rf /)", "rm -rf /"),
+        ('echo "$(echo `rm -rf a`)"', "rm -rf a"),
+        ("(cd x && rm y)", "rm y"),
+        ("bash -c 'rm -rf x'", "rm -rf x"),
+        ('sh -ec "rm -rf x"', "rm -rf x"),
+        ("bash -c \"bash -c 'rm z'\"", "rm z"),
+        ("eval 'rm x'", "rm x"),
+        ("sudo rm -rf /", "rm -rf /"),
+        ("timeout 5 rm x", "rm x"),
+        ("find . -exec rm {} +", "rm {} +"),
+        ("xargs rm < list", "rm"),
+        ("r\\m -rf x", "rm -rf x"),
+        ("FOO=1 rm x 2>/dev/null", "rm x"),
+        ("if true; then rm x; fi", "rm x"),
+        ("f() { rm x; }; f", "rm x"),
+    ],
+)
+def test_deny_rules_see_nested_commands(line, seen):
+    assert seen in read_command_line(line).seen
+
+
+def test_a_whole_subject_is_one_part():
+    assert Reading.whole("https://x/") == Reading(plain=("https://x/",), seen=("https://x/",))
