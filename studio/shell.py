@@ -67,8 +67,9 @@ _LITERAL_PARTS = frozenset(("word", "number", "raw_string", "string"))
 _SEPARATORS = frozenset((";", "&", "&&", "||", "|"))
 # Bytes bash and the grammar might not agree on; a line holding one is not plain.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-# In a bare word: expansions, brace expansion and tilde expansion change the word.
-_BARE_SPECIAL = re.compile(r"[$`{}]|^~")
+# In a bare word: expansions, brace expansion and tilde expansion (also after
+# "=" and ":") change the word.
+_BARE_SPECIAL = re.compile(r"[$`{}~]")
 # In a command name, also globbing (``/bin/r?``) and anything but printable ASCII.
 _NAME_SPECIAL = re.compile(r"[*?\[\]]|[^\x21-\x7e]")
 # Inside double quotes bash removes a backslash only before these.
@@ -92,6 +93,13 @@ def read_command_line(line: str, *, depth: int = 0) -> Reading:
     seen: list[str] = [line]
     for command in _descendants(tree.root_node, "command"):
         seen.extend(_seen_in(command, source, depth))
+    if depth < MAX_DEPTH:
+        # What bash makes of the line before the grammar sees it, roughly: lines
+        # joined at a backslash-newline, braces expanded into words. More pieces
+        # for Deny to look at, never fewer; such a line is not plain anyway.
+        for variant in (line.replace("\\\n", ""), re.sub(r"[{},]", " ", line)):
+            if variant != line:
+                seen.extend(read_command_line(variant, depth=MAX_DEPTH).seen)
     try:
         argvs = _plain(tree.root_node, line, source)
     except _NotPlain as exc:
@@ -182,7 +190,7 @@ def _literal(node: Node, source: bytes) -> str:
     if node.type in ("word", "number"):
         if _BARE_SPECIAL.search(text):
             raise _NotPlain(f"the word {text!r} is expanded by bash")
-        return _BARE_ESCAPE.sub(r"\1", text)
+        return _BARE_ESCAPE.sub(r"\1", text.replace("\\\n", ""))
     if node.type == "raw_string":
         return text[1:-1]
     if node.type == "string":
@@ -192,7 +200,7 @@ def _literal(node: Node, source: bytes) -> str:
         content = text[1:-1]
         if re.search(r"(?<!\\)(?:\\\\)*[$`]", content):
             raise _NotPlain(f"the string {text} is expanded by bash")
-        return _DQ_ESCAPE.sub(r"\1", content)
+        return _DQ_ESCAPE.sub(r"\1", content.replace("\\\n", ""))
     if node.type == "concatenation":
         _gaps(node, source, allowed=b"")
         parts = node.children
@@ -293,15 +301,27 @@ def _seen_in(command: Node, source: bytes, depth: int) -> list[str]:
 
 
 def _best_effort(node: Node, source: bytes) -> str:
-    """The word's value where it is literal, else its text as written."""
+    """The word's value where Studio can tell it, else its text as written."""
+    if node.type == "concatenation":
+        parts = node.children
+        return "".join(
+            "" if p.type == "$" and i + 1 < len(parts) and parts[i + 1].type == "string"
+            else _best_effort(p, source)
+            for i, p in enumerate(parts)
+        )  # fmt: skip
+    if node.type == "ansi_c_string":
+        return _ansi_c(node.text.decode("utf-8", "surrogatepass")[2:-1])
+    if node.type == "translated_string" and node.children:
+        return _best_effort(node.children[-1], source)  # $"…": the string, untranslated
     try:
         return _literal(node, source)
     except _NotPlain:
-        pass
-    text = node.text.decode("utf-8", "surrogatepass")
-    if node.type == "ansi_c_string":
-        try:
-            return text[2:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
-        except (UnicodeDecodeError, UnicodeEncodeError):
-            return text
-    return text
+        return node.text.decode("utf-8", "surrogatepass")
+
+
+def _ansi_c(body: str) -> str:
+    """A $'…' string's value, as near as Python's own escapes come to bash's."""
+    try:
+        return body.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError:
+        return body

@@ -310,3 +310,22 @@ def test_a_run_whose_edit_went_to_review_runs_the_edit_once_reviewed(
     driver.wait_for(ToolFinished)
     driver.finish()
     assert (conversation.workspace / "f").read_text() == "REVIEWME\n"
+
+
+def test_an_allow_rule_no_longer_runs_a_smuggled_command(conversation, alice, root_sandbox):
+    """The attack of issue 34: with "ls *" allowed, this line ran id with no card."""
+    ToolRule.objects.create(
+        tool="terminal", pattern="ls *", action="allow", scope="conversation",
+        conversation=conversation,
+    )  # fmt: skip
+    line = "ls $'\\'' ; id > PWNED.txt ; #'"
+    turns = [("", [call("terminal", {"command": line})]), ("Done.", [])]
+    driver = AgentDriver.scripted(conversation, alice, turns)
+    started = driver.wait_for(ToolStarted)
+    assert started.awaiting is True  # a card, not a rule
+    row = ToolApproval.objects.get(approval_id=started.approval_id)
+    assert (row.status, row.reason, row.rule_id) == ("pending", "", None)
+    approval_decide(approval_id=started.approval_id, user=alice, decision="deny")
+    assert driver.wait_for(ToolFinished).result.startswith(REJECTION_TEXT)
+    driver.finish()
+    assert not (conversation.workspace / "PWNED.txt").exists()

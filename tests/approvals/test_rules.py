@@ -126,6 +126,38 @@ CASES = {
     "a revoked rule does not apply": (
         [rule("terminal", A.DENY, revoked=True)], True, "terminal", "ls", (A.ASK, "", None),
     ),
+    # Issue 34: shlex read one ls here; bash runs ls, then id, then a comment.
+    "an ANSI-C quote does not smuggle a second command past an allow": (
+        [rule("terminal", A.ALLOW, pattern="ls *")], True, "terminal",
+        "ls $'\\'' ; id > PWNED.txt ; #'", (A.ASK, "", None),
+    ),
+    "...nor past a deny": (
+        [rule("terminal", A.DENY, pattern="rm *")], False, "terminal",
+        "echo $'\\'' ; rm -f x ; #'", (A.DENY, "rule", 0),
+    ),
+    "a deny sees into bash -c": (
+        [rule("terminal", A.ALLOW), rule("terminal", A.DENY, pattern="rm *")], False, "terminal",
+        "bash -c 'cd x && rm -rf y'", (A.DENY, "rule", 1),
+    ),
+    "a review sees through sudo": (
+        [rule("terminal", A.REVIEW, pattern="systemctl *")], False, "terminal",
+        "sudo systemctl restart web", (A.REVIEW, "rule", 0),
+    ),
+    "a line a deny cannot read asks, even with confirmation off": (
+        [rule("terminal", A.DENY, pattern="rm *")], False, "terminal", "$(echo rm) -rf x",
+        (A.ASK, "", None),
+    ),
+    "...and even with the whole tool allowed": (
+        [rule("terminal", A.ALLOW), rule("terminal", A.DENY, pattern="rm *")], True, "terminal",
+        "eval \"$CMD\"", (A.ASK, "", None),
+    ),
+    "a line a review cannot read goes to a reviewer": (
+        [rule("terminal", A.REVIEW, pattern="*deploy*")], False, "terminal", "x=dep; ${x}loy",
+        (A.REVIEW, "", 0),
+    ),
+    "an unreadable line with no guarding rule follows the switch": (
+        [], False, "terminal", "echo $(date)", (A.ALLOW, "confirm_off", None),
+    ),
 }  # fmt: skip
 
 
