@@ -27,8 +27,8 @@ from django.conf import settings
 from django.db import transaction
 
 from approvals.gate import Slot
-from approvals.rules import approval_verdict
 from approvals.models import ToolApproval, ToolRule, arguments_hash
+from approvals.rules import approval_verdict
 from approvals.services import (
     ApprovalNotFound,
     approval_cancel_run,
