@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -65,30 +66,61 @@ def webhook_claim_due() -> list[ToolApproval]:
 
 
 def webhook_payload(approval: ToolApproval) -> dict:
-    """What the POST says: the fields, and a ``text`` chat tools show as it is."""
-    summary = approval.subject or ""
-    if len(summary) > SUMMARY_CHARS:
-        summary = summary[: SUMMARY_CHARS - 1] + "…"
+    """What the POST says: the fields, and a ``text`` chat tools show as it is.
+
+    ``STUDIO_APPROVAL_WEBHOOK_DETAIL=summary`` (the default) names the tool,
+    the member and the link only; ``full`` adds the arguments and the
+    conversation's title, which a model can word as it likes.
+    """
     path = reverse("chat:conversation", args=[approval.conversation_id])
     link = f"{settings.STUDIO_SITE_URL}{path}#approval-{approval.approval_id}"
     who = approval.requested_by.get_username() if approval.requested_by else "someone"
-    title = approval.conversation.title
     since = approval.requested_at
     waits_for = "a reviewer" if approval.needs_review else "a decision"
-    return {
+    payload = {
         "approval_id": approval.approval_id,
         "tool": approval.tool_name,
-        "arguments_summary": summary,
-        "conversation": title,
         "link": link,
         "requested_by": who,
         "waiting_since": since.isoformat(),
         "needs_review": approval.needs_review,
-        "text": (
-            f"{who}'s {approval.tool_name} call in “{title}” has waited for {waits_for} "
-            f"since {since:%H:%M} UTC: {summary} — {link}"
-        ),
     }
+    text = (
+        f"{chat_text(who)}'s {chat_text(approval.tool_name)} call has waited for {waits_for} "
+        f"since {since:%H:%M} UTC — {link}"
+    )
+    if settings.STUDIO_APPROVAL_WEBHOOK_DETAIL == "full":
+        summary = approval.subject or ""
+        if len(summary) > SUMMARY_CHARS:
+            summary = summary[: SUMMARY_CHARS - 1] + "…"
+        title = approval.conversation.title
+        payload.update(arguments_summary=summary, conversation=title)
+        text = (
+            f"{chat_text(who)}'s {chat_text(approval.tool_name)} call in "
+            f"{chat_code(title)} has waited for {waits_for} since {since:%H:%M} UTC: "
+            f"{chat_code(summary)} — {link}"
+        )
+    payload["text"] = text
+    return payload
+
+
+# Slack and Mattermost read "<", ">" and "&" as markup ("<!channel>",
+# "<https://evil|a link>"); their own escapes make them plain text.
+_MARKUP = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+# A word after "@" mentions someone ("@here", "@channel", "@alice"): a
+# zero-width space between them keeps the text and drops the mention.
+_MENTION = re.compile(r"@(?=\w)")
+
+
+def chat_text(text: str) -> str:
+    """``text`` as plain words in a Slack or Mattermost message: no markup, no mention."""
+    return _MENTION.sub("@\u200b", text.translate(_MARKUP))
+
+
+def chat_code(text: str) -> str:
+    """``text`` as inline code, where neither tool makes links or markdown of it."""
+    flat = " ".join(text.split()).replace("`", "\u02cb")
+    return f"`{chat_text(flat)}`" if flat else "(empty)"
 
 
 def webhook_post(approval: ToolApproval, *, sleep: Callable[[float], None] = time.sleep) -> str:

@@ -56,25 +56,25 @@ def conversation_settings_update(
     return conversation
 
 
-def conversation_image(*, conversation: Conversation, name: str):
-    """(path, MIME type) of an image in the conversation's workspace, or None.
+def conversation_image(*, conversation: Conversation, key: str):
+    """(open file, MIME type) of Studio's copy of an image a tool of this
+    conversation made, or None. Only image types, only by the key the copy
+    was saved under; the workspace itself is never read here."""
+    from pathlib import PurePosixPath
 
-    Only image types, only inside the workspace (no ``..``, no symlink out of
-    it), only files: a tool may write anything there, the server hands back
-    nothing else.
-    """
-    from pathlib import Path
+    from django.core.exceptions import SuspiciousFileOperation
+    from django.core.files.storage import default_storage
 
-    from chat.tools.images import IMAGE_TYPES
+    from chat.tools.images import IMAGE_TYPES, storage_name
 
-    mime = IMAGE_TYPES.get(Path(name).suffix.lower())
-    if mime is None or "\x00" in name:
+    path = PurePosixPath(key)
+    mime = IMAGE_TYPES.get(path.suffix.lower())
+    if mime is None or "\x00" in key or len(path.parts) != 2 or ".." in path.parts:
         return None
-    root = conversation.workspace.resolve()
-    path = (root / name).resolve()
-    if root not in path.parents or not path.is_file():
+    try:
+        return default_storage.open(storage_name(conversation.workspace.name, key), "rb"), mime
+    except (OSError, SuspiciousFileOperation, ValueError):
         return None
-    return path, mime
 
 
 def conversation_under_review(*, conversation_id: int, user) -> Conversation | None:

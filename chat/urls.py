@@ -12,7 +12,7 @@ urlpatterns = [
     path("c/<int:conversation_id>/send/", views.conversation_send, name="send"),
     path("c/<int:conversation_id>/stop/", views.conversation_stop, name="stop"),
     path("c/<int:conversation_id>/settings/", views.conversation_settings, name="settings"),
-    path("c/<int:conversation_id>/files/<path:name>", views.conversation_file, name="file"),
+    path("c/<int:conversation_id>/files/<path:key>", views.conversation_file, name="file"),
     path(
         "c/<int:conversation_id>/rules/<int:rule_id>/revoke/",
         views.rule_revoke,

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import os
-
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpResponse
@@ -116,18 +114,14 @@ IMAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
 
 @require_GET
 @login_required
-def conversation_file(request: HtmxHttpRequest, conversation_id: int, name: str) -> HttpResponse:
-    """An image a tool made, for its owner (and a reviewer while a call of the
-    conversation waits for one); never anything that could run script."""
-    conversation, _ = _viewable(request, conversation_id)
-    found = conversation_image(conversation=conversation, name=name)
+def conversation_file(request: HtmxHttpRequest, conversation_id: int, key: str) -> HttpResponse:
+    """Studio's copy of an image a tool made, for the conversation's owner only;
+    never anything that could run script."""
+    conversation = _owned(request, conversation_id)
+    found = conversation_image(conversation=conversation, key=key)
     if found is None:
         raise Http404("No such image.")
-    path, mime = found
-    try:  # the final name must not have become a symlink since it was checked
-        stream = os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
-    except OSError:
-        raise Http404("No such image.") from None
+    stream, mime = found
     response = FileResponse(stream, content_type=mime)
     response["X-Content-Type-Options"] = "nosniff"
     # An SVG opened on its own must not run script: no script, a sandbox.

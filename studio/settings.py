@@ -265,6 +265,11 @@ STUDIO_APPROVAL_WEBHOOK_AFTER = env_float("STUDIO_APPROVAL_WEBHOOK_AFTER", 60, m
 STUDIO_APPROVAL_WEBHOOK_ATTEMPTS = env_int("STUDIO_APPROVAL_WEBHOOK_ATTEMPTS", 4, minimum=1)
 # Seconds before the first retry; each next one waits three times longer.
 STUDIO_APPROVAL_WEBHOOK_BACKOFF = env_float("STUDIO_APPROVAL_WEBHOOK_BACKOFF", 2, minimum=0)
+# summary: the tool, the member and a link; full: also the arguments and the
+# conversation's title (what a model wrote, escaped for chat tools).
+STUDIO_APPROVAL_WEBHOOK_DETAIL = env_choice(
+    "STUDIO_APPROVAL_WEBHOOK_DETAIL", "summary", ["summary", "full"]
+)
 # This site's address as members reach it, for links sent outside (the webhook).
 STUDIO_SITE_URL = env_str("STUDIO_SITE_URL").rstrip("/")
 STUDIO_NOTE_MAX_LENGTH = 2000
@@ -295,6 +300,12 @@ STUDIO_SEARXNG_URL = env_str("STUDIO_SEARXNG_URL").rstrip("/")
 # MCP servers: seconds to connect to one before its tools count as unavailable.
 STUDIO_MCP_CONNECT_TIMEOUT = env_float("STUDIO_MCP_CONNECT_TIMEOUT", 10, minimum=0.1)
 STUDIO_WORKSPACE_ROOT = Path(env_str("STUDIO_WORKSPACE_ROOT", str(BASE_DIR / "workspaces")))
+# Studio's own files (the copies of the images tools make), through Django's
+# default storage: pages serve these, never a workspace. Never served as
+# /media/ by a proxy: the views check who may see each file.
+MEDIA_ROOT = Path(env_str("STUDIO_MEDIA_ROOT", str(BASE_DIR / "media")))
+if MEDIA_ROOT.resolve().is_relative_to(STUDIO_WORKSPACE_ROOT.resolve()):
+    raise ImproperlyConfigured("STUDIO_MEDIA_ROOT must not be inside STUDIO_WORKSPACE_ROOT")
 STUDIO_WEB_FETCH_ALLOW_PRIVATE = env_bool("STUDIO_WEB_FETCH_ALLOW_PRIVATE", False)
 # Host names web_fetch may reach even when they resolve to private addresses.
 STUDIO_WEB_FETCH_ALLOW_HOSTS = env_list("STUDIO_WEB_FETCH_ALLOW_HOSTS", [])

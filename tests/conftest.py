@@ -139,7 +139,8 @@ def workspace_root():
 
 
 @pytest.fixture(autouse=True)
-def _fast_settings(settings, workspace_root):
+def _fast_settings(settings, workspace_root, tmp_path_factory):
     settings.STUDIO_WORKSPACE_ROOT = workspace_root
+    settings.MEDIA_ROOT = tmp_path_factory.getbasetemp() / "media"
     # PBKDF2 costs ~0.3 s per user; tests make many.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

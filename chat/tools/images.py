@@ -1,16 +1,23 @@
 """Images a tool call leaves in its workspace, to be shown under its output.
 
 A call's images are the image files (by name) that are new or changed in
-the workspace when it ends. Each is shown inline up to STUDIO_IMAGE_MAX_MB;
-larger ones are only listed. The model is told names and sizes, never sent
-the bytes.
+the workspace when it ends. Each, up to STUDIO_IMAGE_MAX_MB, is copied into
+Studio's own storage before the conversation's next call can run, and
+pages serve that copy (``key``): a page never reads a workspace, where a
+tool may swap any folder for a link. Larger ones are only listed. The
+model is told names and sizes, never sent the bytes.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
+import secrets
+import stat
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
+
+from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
 
 IMAGE_TYPES = {
     ".png": "image/png",
@@ -23,6 +30,10 @@ IMAGE_TYPES = {
 # A workspace walked for images stops after this many entries (a huge tree
 # costs a bounded look, never a stalled run).
 MAX_ENTRIES = 5000
+# At most this many images of one call are copied and shown; the rest are listed.
+MAX_KEPT = 20
+# Where the copies live in the default storage, one folder per workspace.
+STORAGE_DIR = "tool-images"
 
 
 def max_bytes() -> int:
@@ -62,9 +73,11 @@ class Produced:
     size: int
     mime: str
     shown: bool
+    key: str = ""  # the copy's name under its workspace's storage folder ("" if none)
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "size": self.size, "mime": self.mime, "shown": self.shown}
+        found = {"name": self.name, "size": self.size, "mime": self.mime, "shown": self.shown}
+        return {**found, "key": self.key} if self.key else found
 
 
 def produced(workspace: Path, before: dict[str, tuple[int, int]]) -> list[Produced]:
@@ -81,6 +94,73 @@ def produced(workspace: Path, before: dict[str, tuple[int, int]]) -> list[Produc
         for name, (mtime, size) in sorted(after.items())
         if before.get(name) != (mtime, size)
     ]
+
+
+def keep(workspace: Path, images: list[Produced]) -> list[Produced]:
+    """Copy what is shown of ``images`` into Studio's storage; each copy's ``key`` set.
+
+    An image that cannot be read safely (a link anywhere on its path, not a
+    regular file, grown past the cap) is only listed.
+    """
+    kept = []
+    for number, image in enumerate(images):
+        data = None
+        if image.shown and number < MAX_KEPT:
+            data = read_beneath(workspace, image.name, limit=max_bytes())
+        if data is None:
+            kept.append(replace(image, shown=False))
+            continue
+        key = store(workspace=workspace, name=image.name, data=data)
+        kept.append(replace(image, size=len(data), key=key))
+    return kept
+
+
+def store(*, workspace: Path, name: str, data: bytes) -> str:
+    """Save ``data`` as an image of ``workspace`` in the default storage; returns its key."""
+    key = f"{secrets.token_urlsafe(9)}/{PurePosixPath(name).name}"
+    default_storage.save(storage_name(workspace.name, key), ContentFile(data))
+    return key
+
+
+def storage_name(folder: str, key: str) -> str:
+    return f"{STORAGE_DIR}/{folder}/{key}"
+
+
+def read_beneath(root: Path, name: str, *, limit: int) -> bytes | None:
+    """The bytes of the regular file ``name`` under ``root``, never through a link.
+
+    Each path component is opened relative to the one before it with
+    ``O_NOFOLLOW``, so a tool that swaps a folder for a symlink meanwhile
+    makes the open fail instead of leading it out of the workspace. None for
+    anything odd, or a file over ``limit`` bytes.
+    """
+    parts = PurePosixPath(name).parts
+    if not parts or any(p in ("", ".", "..") for p in parts) or PurePosixPath(name).is_absolute():
+        return None
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fds = []
+    try:
+        fds.append(os.open(root, flags | os.O_DIRECTORY))
+        for folder in parts[:-1]:
+            fds.append(os.open(folder, flags | os.O_DIRECTORY, dir_fd=fds[-1]))
+        # O_NONBLOCK: a FIFO named like an image must not hang the run.
+        fd = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fds[-1])
+        fds.append(fd)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        chunks, total = [], 0
+        while chunk := os.read(fd, 1 << 16):
+            total += len(chunk)
+            if total > limit:
+                return None  # it grew while we read
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
 
 
 def notice_for(images: list[Produced]) -> str:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chat.tools.base import Tool, ToolResult
-from chat.tools.images import IMAGE_TYPES, human_size, max_bytes
+from chat.tools.images import IMAGE_TYPES, human_size, max_bytes, store
 from studio.cancel import CancelToken
 from studio.text import strip_nul, strip_nul_json
 
@@ -447,12 +447,16 @@ def _save_image(content, *, workspace: Path, stem: str) -> dict:
     if ids is not None:  # the conversation's own tools may read and delete it
         os.chown(folder, *ids)
         os.chown(path, *ids)
-    return {
+    shown = len(data) <= max_bytes()
+    image = {
         "name": str(path.relative_to(workspace)),
         "size": len(data),
         "mime": content.mime_type,
-        "shown": len(data) <= max_bytes(),
+        "shown": shown,
     }
+    if shown:  # pages serve Studio's own copy, never the workspace's file
+        image["key"] = store(workspace=workspace, name=path.name, data=data)
+    return image
 
 
 def remote_tool(

@@ -46,6 +46,7 @@ import re
 import secrets
 import shutil
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -55,7 +56,7 @@ from functools import cache
 from pathlib import Path
 
 from chat.tools.base import ToolResult
-from chat.tools.images import notice_for, produced, snapshot
+from chat.tools.images import keep, notice_for, produced, snapshot
 from studio.cancel import CancelToken
 from studio.text import strip_nul
 
@@ -69,7 +70,12 @@ _CONVERSATION_DIR = re.compile(r"^conversation-(\d+)$")
 _SYSTEM_BINDS = ("/usr", "/etc")
 # Debian's merged /usr: these are symlinks on the host and in the sandbox.
 _USR_LINKS = {"/bin": "usr/bin", "/sbin": "usr/sbin", "/lib": "usr/lib", "/lib64": "usr/lib64"}
-_QUOTA_CHECK_SECONDS = 1.0
+# The workspace quota is soft: a call is stopped once it has passed it, by at
+# most QUOTA_SLACK. Usage is checked sooner the nearer it is to that bound,
+# at the fastest rate the call has written so far (QUOTA_RATE at least).
+QUOTA_SLACK = 64 * 1024 * 1024
+QUOTA_RATE = 1024 * 1024 * 1024
+_QUOTA_CHECK_SECONDS = (0.01, 1.0)
 INSTALL_HINT = (
     "Error: tools cannot run: the sandbox tool bubblewrap (bwrap) is not installed. "
     "Ask an admin to install it (Debian/Ubuntu: apt-get install bubblewrap) or, knowingly, "
@@ -413,6 +419,52 @@ def under_private_dir(path: Path) -> bool:
     return any(resolved == d or resolved.startswith(d + "/") for d in PRIVATE_DIRS)
 
 
+# A seccomp filter (classic BPF, as bubblewrap's --seccomp reads it) that
+# refuses the calls which take disk space faster than any watch can see:
+# fallocate (glibc's posix_fallocate then writes, at the disk's pace) and
+# io_uring (which would do the same behind the filter's back). A program
+# built for another ABI of the machine gets no system calls at all.
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 285, 425), "aarch64": (0xC00000B7, 47, 425)}
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+_ENOSYS, _EOPNOTSUPP = 38, 95
+
+
+@cache
+def seccomp_program() -> bytes | None:
+    """The filter's instructions for this machine (None where its numbers are unknown)."""
+    known = _SECCOMP_ARCH.get(os.uname().machine)
+    if known is None:
+        return None
+    arch, fallocate, io_uring_setup = known
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    program = [
+        (ld, 0, 0, 4),  # the call's ABI
+        (jeq, 1, 0, arch),
+        (ret, 0, 0, _RET_ERRNO | _ENOSYS),
+        (ld, 0, 0, 0),  # the call's number
+        (jge, 6, 0, 0x40000000),  # x32 calls on x86_64
+        (jeq, 4, 0, fallocate),
+        (jeq, 4, 0, io_uring_setup),
+        (jeq, 3, 0, io_uring_setup + 1),  # io_uring_enter
+        (jeq, 2, 0, io_uring_setup + 2),  # io_uring_register
+        (ret, 0, 0, _RET_ALLOW),
+        (ret, 0, 0, _RET_ERRNO | _EOPNOTSUPP),
+        (ret, 0, 0, _RET_ERRNO | _ENOSYS),
+    ]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in program)
+
+
+def seccomp_fd() -> int | None:
+    """A file holding the filter, for one call's bubblewrap to read (the caller closes it)."""
+    program = seccomp_program()
+    if program is None:
+        return None
+    fd = os.memfd_create("studio-seccomp")
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def bwrap_argv(
     argv: list[str],
     *,
@@ -422,6 +474,7 @@ def bwrap_argv(
     file_bytes: int,
     ids: tuple[int, int] | None,
     memory_rlimit: bool,
+    seccomp: int | None = None,
 ) -> list[str]:
     bwrap = bwrap_path()
     assert bwrap is not None
@@ -452,6 +505,8 @@ def bwrap_argv(
     for tmp in PRIVATE_DIRS:
         command += ["--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", tmp]
     command += ["--bind", str(workspace), str(workspace), "--chdir", str(workspace)]
+    if seccomp is not None:
+        command += ["--seccomp", str(seccomp)]
     command.append("--clearenv")
     for name, value in clean_env(workspace).items():
         command += ["--setenv", name, value]
@@ -529,6 +584,7 @@ def run_sandboxed(
     cpu_seconds = max(1, int(timeout) + 1)
     cgroup = None
     prefix: list[str] = []
+    filter_fd = None
     if sandbox_mode() == "none":
         command = plain_argv(argv, limits=limits, cpu_seconds=cpu_seconds, file_bytes=file_bytes)
     else:
@@ -537,6 +593,7 @@ def run_sandboxed(
             cgroup = CallCgroup(root=root, limits=limits)
             procs = cgroup.create()
             prefix = ["/bin/sh", "-c", _JOIN_CGROUPS, "studio-sandbox", *map(str, procs), "--"]
+        filter_fd = seccomp_fd()
         command = bwrap_argv(
             argv,
             workspace=workspace,
@@ -545,10 +602,12 @@ def run_sandboxed(
             file_bytes=file_bytes,
             ids=sandbox_ids(workspace),
             memory_rlimit=cgroup is None,
+            seccomp=filter_fd,
         )
     try:
         return _run(
             [*prefix, *command],
+            pass_fds=() if filter_fd is None else (filter_fd,),
             workspace=workspace,
             timeout=timeout,
             cancel=cancel,
@@ -557,6 +616,8 @@ def run_sandboxed(
             cgroup=cgroup,
         )
     finally:
+        if filter_fd is not None:
+            os.close(filter_fd)
         if cgroup is not None:
             cgroup.remove()
 
@@ -571,7 +632,7 @@ def run_tool(argv: list[str], *, workspace: Path, **kwargs) -> ToolResult:
         )
     except SandboxUnavailable as exc:
         return ToolResult(str(exc), ok=False)
-    made = produced(workspace, before)
+    made = keep(workspace, produced(workspace, before))
     if not made:
         return result
     return ToolResult(
@@ -590,6 +651,7 @@ def _run(
     stdin: str | None,
     limits: Limits,
     cgroup: CallCgroup | None,
+    pass_fds: tuple[int, ...] = (),
 ) -> SandboxResult:
     proc = subprocess.Popen(  # noqa: S603 - argv is built here, never a shell string
         command,
@@ -599,6 +661,7 @@ def _run(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         close_fds=True,
+        pass_fds=pass_fds,
         start_new_session=True,
     )
     chunks: list[bytes] = []
@@ -625,11 +688,11 @@ def _run(
             pass
 
     deadline = time.monotonic() + timeout
-    next_quota_check = time.monotonic() + _QUOTA_CHECK_SECONDS
+    quota = _QuotaWatch(workspace, limits.workspace_bytes)
     timed_out = cancelled = over_quota = False
     while True:
         try:
-            proc.wait(timeout=0.05)
+            proc.wait(timeout=max(0.005, min(0.05, quota.next_check - time.monotonic())))
             break
         except subprocess.TimeoutExpired:
             pass
@@ -638,12 +701,8 @@ def _run(
             cancelled = True
         elif now >= deadline:
             timed_out = True
-        elif now >= next_quota_check:
-            next_quota_check = now + _QUOTA_CHECK_SECONDS
-            over_quota = (
-                workspace_usage(workspace, stop_above=limits.workspace_bytes)
-                > limits.workspace_bytes
-            )
+        elif now >= quota.next_check:
+            over_quota = quota.check(now)
         if timed_out or cancelled or over_quota:
             break
     # bubblewrap's PID namespace dies with its init: killing the session
@@ -663,6 +722,33 @@ def _run(
         over_quota=over_quota,
         quota_bytes=limits.workspace_bytes,
     )
+
+
+class _QuotaWatch:
+    """When to look at a running call's workspace, and whether it passed its quota."""
+
+    def __init__(self, workspace: Path, quota: int) -> None:
+        self.workspace = workspace
+        self.used = workspace_usage(workspace)
+        # A workspace already over it (by the last call's slack) may shrink, not grow.
+        self.quota = max(quota, self.used)
+        self.rate = QUOTA_RATE
+        self.checked_at = time.monotonic()
+        self.next_check = self.checked_at + self._interval()
+
+    def check(self, now: float) -> bool:
+        used = workspace_usage(self.workspace, stop_above=self.quota)
+        if now > self.checked_at:
+            self.rate = max(self.rate, (used - self.used) / (now - self.checked_at))
+        self.used, self.checked_at = used, now
+        self.next_check = now + self._interval()
+        return used > self.quota
+
+    def _interval(self) -> float:
+        # A third of the time the fastest writer needs to pass the quota by the slack.
+        headroom = max(0, self.quota + QUOTA_SLACK - self.used)
+        low, high = _QUOTA_CHECK_SECONDS
+        return min(high, max(low, headroom / self.rate / 3))
 
 
 def _kill_session(proc: subprocess.Popen) -> None:

@@ -62,19 +62,51 @@ def test_fired_once_after_the_delay_with_a_text_chat_tools_show(hook, alice):
     assert settled(due) == "sent (attempt 1)"
     assert webhook_tick() == 0  # claimed once: never again
     link = f"https://studio.example/c/{conversation.pk}/#approval-{due.approval_id}"
+    # The default detail: the tool, the member and the link, not what the model wrote.
     assert post == {
         "approval_id": due.approval_id,
         "tool": "terminal",
-        "arguments_summary": "make deploy",
-        "conversation": "Release",
         "link": link,
         "requested_by": "alice",
         "waiting_since": due.requested_at.isoformat(),
         "needs_review": False,
-        "text": f"alice's terminal call in “Release” has waited for a decision since "
-        f"{due.requested_at:%H:%M} UTC: make deploy — {link}",
+        "text": f"alice's terminal call has waited for a decision since "
+        f"{due.requested_at:%H:%M} UTC — {link}",
     }
     assert len(hook.posts) == 1
+
+
+def test_full_detail_adds_the_arguments_and_the_title_as_code(hook, alice, settings):
+    settings.STUDIO_APPROVAL_WEBHOOK_DETAIL = "full"
+    conversation = make_conversation(alice, title="Release")
+    due = waited(conversation, 61)
+    webhook_tick()
+    (post,) = hook.wait_for(1)
+    link = f"https://studio.example/c/{conversation.pk}/#approval-{due.approval_id}"
+    assert (post["arguments_summary"], post["conversation"]) == ("make deploy", "Release")
+    assert post["text"] == (
+        f"alice's terminal call in `Release` has waited for a decision since "
+        f"{due.requested_at:%H:%M} UTC: `make deploy` — {link}"
+    )
+
+
+def test_a_models_words_cannot_mention_or_link_in_the_chat_tool(hook, alice, settings):
+    settings.STUDIO_APPROVAL_WEBHOOK_DETAIL = "full"
+    conversation = make_conversation(alice, title="<!channel> @here [win](https://evil.example)")
+    due = waited(conversation, 61)
+    ToolApproval.objects.filter(pk=due.pk).update(
+        subject="echo <!here> @channel <https://evil.example|click> & `x`\n@all"
+    )
+    webhook_tick()
+    (post,) = hook.wait_for(1)
+    text = post["text"]
+    for markup in ("<!channel>", "<!here>", "<https://", "@here", "@channel", "@all", "& "):
+        assert markup not in text, markup
+    assert "&lt;!channel&gt; @\u200bhere" in text and "&amp;" in text
+    # The title and the arguments sit in code spans (no links, no markdown),
+    # each whole: a backtick of the model's cannot close one early.
+    assert text.count("`") == 4
+    assert "`&lt;!channel&gt; @\u200bhere [win](https://evil.example)`" in text
 
 
 def test_not_fired_when_decided_before_the_delay(hook, alice, conversation):

@@ -264,6 +264,47 @@ def test_workspace_quota_caps_files_and_kills_a_call_that_passes_it(workspace):
     assert sandbox.workspace_usage(workspace) < MB
 
 
+@pytest.mark.parametrize(
+    "writer",
+    [
+        # Four writers at once, each file under the per-file cap.
+        "for j in 1 2 3 4; do (for i in $(seq 400); do head -c 8000000 /dev/zero > w$j.$i;"
+        " done) & done; wait",
+        # Space taken without writing: refused, so glibc writes it out at the disk's pace.
+        'python3 -c "import os\nfor i in range(4000):\n'
+        " fd = os.open(f'a{i}', os.O_CREAT | os.O_WRONLY); os.posix_fallocate(fd, 0, 8 << 20)\"",
+    ],
+    ids=["parallel-writes", "fallocate"],
+)
+def test_a_call_passing_its_quota_is_stopped_within_64_mb(workspace, writer):
+    quota = 128 * MB
+    result = run_sandboxed(
+        ["/bin/bash", "-c", writer],
+        workspace=workspace,
+        timeout=60,
+        limits=Limits(workspace_bytes=quota, file_bytes=16 * MB),
+    )
+    used = sandbox.workspace_usage(workspace)
+    assert result.over_quota, result
+    assert quota < used <= quota + sandbox.QUOTA_SLACK, used / MB
+    run_sandboxed(["/bin/bash", "-c", "rm -f w* a*"], workspace=workspace, timeout=TIMEOUT)
+
+
+def test_fallocate_and_io_uring_are_refused(workspace):
+    code = (
+        "import ctypes, os\n"
+        "fd = os.open('f', os.O_CREAT | os.O_WRONLY)\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print('fallocate', libc.fallocate(fd, 0, 0, 1 << 20), ctypes.get_errno())\n"
+        "print('io_uring_setup', libc.syscall(425, 8, 0), ctypes.get_errno())\n"
+        "os.posix_fallocate(fd, 0, 1 << 20)\n"  # glibc's fallback writes instead
+        "print('size', os.fstat(fd).st_size)\n"
+    )
+    out = python(code, workspace)
+    assert "fallocate -1 95" in out and "io_uring_setup -1 38" in out, out
+    assert f"size {1 << 20}" in out, out
+
+
 def test_forks_are_capped_per_call(workspace):
     code = (
         "import os, time\n"
