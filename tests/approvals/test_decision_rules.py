@@ -8,10 +8,7 @@ Always allow, and for MCP tools whose schema lets an edit add properties.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connections
 from django.test import Client
 from django.urls import reverse
 
@@ -22,6 +19,7 @@ from chat.tools import builtin_tools
 from studio.wording import REJECTION_TEXT
 from tests.factories import make_approval, make_reviewer
 from tests.helpers.driver import AgentDriver
+from tests.helpers.races import decide_at_once
 from tests.helpers.scripted import call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anydb]
@@ -237,29 +235,10 @@ def test_an_edit_sent_to_review_never_runs_through_a_racing_allow(conversation, 
     outcomes = set()
     for _ in range(20):
         row = command_card(conversation)
-        barrier = threading.Barrier(2, timeout=BOUND)
-        results = {}
-
-        def decide(kind, row=row, barrier=barrier, results=results):
-            barrier.wait()
-            try:
-                results[kind] = approval_decide(
-                    approval_id=row.approval_id,
-                    user=alice,
-                    decision=kind,
-                    arguments={"command": "echo REVIEWME"} if kind == "edit" else None,
-                )
-            except BaseException as exc:
-                results[kind] = exc
-            finally:
-                connections.close_all()
-
-        threads = [threading.Thread(target=decide, args=(k,)) for k in ("edit", "allow")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(BOUND)
-        assert not any(t.is_alive() for t in threads)
+        results = decide_at_once(
+            row.approval_id, alice, {"edit": {"command": "echo REVIEWME"}, "allow": None}
+        )
+        assert not any(isinstance(r, Exception) for r in results.values()), results
         row.refresh_from_db()
         if row.status == "allowed":
             assert row.approved_arguments is None and not row.needs_review

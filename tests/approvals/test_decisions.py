@@ -22,6 +22,7 @@ from chat.events import Done, ToolFinished, ToolStarted, TurnAsked
 from chat.tools import builtin_tools
 from tests.factories import make_approval, make_conversation, make_run
 from tests.helpers.driver import AgentDriver
+from tests.helpers.races import decide_at_once
 from tests.helpers.scripted import ScriptedModel, call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anydb]
@@ -105,24 +106,10 @@ def test_an_edit_back_to_the_original_is_a_plain_allow(conversation, alice):
 def test_an_edit_racing_an_allow_first_one_wins(conversation, alice):
     for _ in range(10):
         approval = pending(conversation)
-        barrier = threading.Barrier(2, timeout=BOUND)
-        results = {}
-
-        def decide(kind, approval=approval, barrier=barrier, results=results):
-            barrier.wait()
-            try:
-                results[kind] = approval_decide(
-                    approval_id=approval.approval_id, user=alice, decision=kind,
-                    arguments={"code": "print('edited')"} if kind == "edit" else None,
-                ).resolved  # fmt: skip
-            finally:
-                connections.close_all()
-
-        threads = [threading.Thread(target=decide, args=(k,)) for k in ("edit", "allow")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(BOUND)
+        got = decide_at_once(
+            approval.approval_id, alice, {"edit": {"code": "print('edited')"}, "allow": None}
+        )
+        results = {kind: result.resolved for kind, result in got.items()}
         assert sorted(results.values()) == [False, True]
         row = ToolApproval.objects.get(pk=approval.pk)
         winner = "edit" if results["edit"] else "allow"
