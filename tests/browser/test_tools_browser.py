@@ -50,7 +50,8 @@ def test_a_plot_appears_as_a_picture(page, studio_server, admin_member, artifact
     card.locator("button[value=allow]").click()
     image = page.locator(".tool-images img").first
     image.wait_for()
-    assert re.search(r"/files/figure-\d+\.png$", image.get_attribute("src"))
+    # Studio's own copy, under a key of its own: never the workspace's file.
+    assert re.search(r"/files/[\w-]{12}/figure-\d+\.png$", image.get_attribute("src"))
     page.wait_for_function(
         "img => img.complete && img.naturalWidth > 100", arg=image.element_handle()
     )
