@@ -36,7 +36,6 @@ from django.db import connection
 
 from approvals.gate import Gate
 from studio.cancel import CancelToken
-from studio.sqlite import checkpoints
 
 if TYPE_CHECKING:
     from chat.tools.mcp import McpHub
@@ -577,8 +576,6 @@ class Runtime:
         self._ready = asyncio.Event()
         try:
             self.outbox.start(loop)
-            # (SQLite only: its WAL checkpoints off the requests' commits.)
-            checkpoints.start()
             await self.inbox.open(loop, self)
             self._tasks = [loop.create_task(service(self)) for service in self.services]
             self._install_shutdown_trigger()

@@ -121,12 +121,10 @@ if DATABASE_URL:
 else:
     _db = {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "db.sqlite3"}
 if _db["ENGINE"] == "django.db.backends.sqlite3":
-    # Django's SQLite, with this process's writers queued on a lock rather
-    # than on SQLite's busy sleeps (see studio/sqlite/base.py).
-    _db["ENGINE"] = "studio.sqlite"
     # Each worker thread keeps its connection: opening one costs more than a
     # decision does.
     _db["CONN_MAX_AGE"] = None
+    # Django's own backend, configured through its documented OPTIONS.
     # IMMEDIATE takes the write lock at BEGIN, so racing writers queue on the
     # timeout instead of failing with "database is locked" on upgrade.
     _db.setdefault("OPTIONS", {}).update(
@@ -135,13 +133,7 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
             "timeout": env_float("STUDIO_SQLITE_TIMEOUT", 20),
             # WAL: readers never block the writer, and a commit is an append
             # (synced at checkpoints) instead of two fsyncs of a rollback journal.
-            # A server takes the checkpoints on a thread of its own; a commit
-            # takes one itself only past 10,000 pages of WAL, should that
-            # thread fall behind (see studio/sqlite/checkpoints.py).
-            "init_command": (
-                "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
-                "PRAGMA wal_autocheckpoint=10000;"
-            ),
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     )
     # Tests use a file, not shared-cache memory: threads and child processes
@@ -183,9 +175,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {
         "default": {
-            # Channels' in-memory layer without its per-send sweep of every
-            # socket of the process (see studio/layers.py).
-            "BACKEND": "studio.layers.LocalChannelLayer",
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
             "CONFIG": {"capacity": env_int("STUDIO_CHANNEL_CAPACITY", 5000, minimum=100)},
         }
     }
