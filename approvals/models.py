@@ -11,7 +11,6 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.patterns import glob_match
-from studio.orm import PreparedGet
 from studio.text import canonical_json
 
 
@@ -71,21 +70,8 @@ class ApprovalQuerySet(models.QuerySet):
 
 class ApprovalManager(models.Manager.from_queryset(ApprovalQuerySet)):
     def by_approval_id(self, approval_id: str) -> ToolApproval | None:
-        """The row with its conversation, or None: every decision's and wake's first read.
-
-        What ``select_related("conversation").filter(approval_id=...).first()``
-        returns, without compiling its SQL each time (``studio.orm``).
-        """
-        return _BY_APPROVAL_ID.get(approval_id, using=self.db)
-
-
-_BY_APPROVAL_ID = PreparedGet(
-    lambda approval_id: (
-        ToolApproval.objects.select_related("conversation")
-        .filter(approval_id=approval_id)
-        .order_by()
-    )
-)
+        """The row with its conversation, or None: every decision's and wake's first read."""
+        return self.select_related("conversation").filter(approval_id=approval_id).first()
 
 
 class ToolApproval(models.Model):

@@ -53,7 +53,6 @@ from approvals.rules import (
     speaks_for,
 )
 from studio.cancel import CancelToken
-from studio.orm import create_row, update_where
 from studio.runtime import once_answered, release_connection, runtime
 from studio.shell import Reading
 from studio.text import strip_nul, strip_nul_json
@@ -214,8 +213,7 @@ def approval_request(
     the slot already exists, so even an instant decision finds it.
     """
     rt = runtime()
-    approval = create_row(
-        ToolApproval,
+    approval = ToolApproval.objects.create(
         conversation=conversation,
         tool_name=tool_name,
         arguments=arguments,
@@ -250,8 +248,7 @@ def approval_record_auto(
 ) -> ToolApproval:
     """Record a call the rules let run, or blocked, without asking: still audited."""
     now = timezone.now()
-    return create_row(
-        ToolApproval,
+    return ToolApproval.objects.create(
         conversation=conversation,
         tool_name=tool_name,
         arguments=arguments,
@@ -354,12 +351,8 @@ def approval_decide(
     # One conditional UPDATE is atomic by itself: only an Always allow, whose
     # rule must commit with the decision, needs a transaction around it.
     with transaction.atomic() if decision == "always" else contextlib.nullcontext():
-        updated = update_where(
-            ToolApproval,
-            where=where,
-            values=dict(
-                status=status, reason=reason, decided_by=user, decided_at=now, note=note, **changes
-            ),
+        updated = ToolApproval.objects.filter(**where).update(
+            status=status, reason=reason, decided_by=user, decided_at=now, note=note, **changes
         )
         if updated and decision == "always":
             rule = rule_create(
@@ -415,16 +408,12 @@ def _to_review(approval: ToolApproval, verdict: Verdict, changes: dict) -> Decid
     values = {"needs_review": True, **changes}
     if rule is not None:
         values.update(rule=rule if rule.pk else None, rule_snapshot=rule.snapshot())
-    updated = update_where(
-        ToolApproval,
-        where={
-            "pk": approval.pk,
-            "status": Status.PENDING,
-            "needs_review": approval.needs_review,
-            "approved_sha256": approval.approved_sha256,
-        },
-        values=values,
-    )
+    updated = ToolApproval.objects.filter(
+        pk=approval.pk,
+        status=Status.PENDING,
+        needs_review=approval.needs_review,
+        approved_sha256=approval.approved_sha256,
+    ).update(**values)
     if not updated:
         return _unchanged(approval)
     rule_hit(rule)
@@ -447,15 +436,11 @@ def approval_record_output(*, approval: ToolApproval, text: str, seconds: float)
     """Keep what the tool gave back: its first OUTPUT_SUMMARY_BYTES, size and SHA-256."""
     data = text.encode("utf-8", "replace")
     summary = data[:OUTPUT_SUMMARY_BYTES].decode("utf-8", "ignore")
-    update_where(
-        ToolApproval,
-        where={"pk": approval.pk},
-        values={
-            "run_seconds": seconds,
-            "output_summary": strip_nul(summary),
-            "output_size": len(data),
-            "output_sha256": hashlib.sha256(data).hexdigest(),
-        },
+    ToolApproval.objects.filter(pk=approval.pk).update(
+        run_seconds=seconds,
+        output_summary=strip_nul(summary),
+        output_size=len(data),
+        output_sha256=hashlib.sha256(data).hexdigest(),
     )
 
 

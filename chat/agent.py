@@ -46,7 +46,6 @@ from chat.toolbox import Toolbox, toolbox_for
 from chat.tools.base import ToolResult
 from chat.transcript import tool_message, transcript_build, turn_message
 from studio.cancel import CancelToken
-from studio.orm import create_row
 from studio.text import strip_nul, strip_nul_json
 from studio.wording import REJECTION_TEXT
 
@@ -414,8 +413,7 @@ class Agent:
             if not call.id or call.id in self.call_ids:
                 call.id = new_call_id()
             self.call_ids.add(call.id)
-        self.turn = create_row(
-            Message,
+        self.turn = Message.objects.create(
             conversation=self.conversation,
             run=self.run,
             role=Message.Role.ASSISTANT,
@@ -456,8 +454,7 @@ class Agent:
     def _save_result(
         self, call: ToolCall, result: ToolResult, approval: ToolApproval | None = None
     ) -> Message:
-        message = create_row(
-            Message,
+        message = Message.objects.create(
             conversation=self.conversation,
             run=self.run,
             role=Message.Role.TOOL,

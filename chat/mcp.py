@@ -18,7 +18,6 @@ from django.utils import timezone
 from chat.models import McpServer, parse_pairs
 from chat.tools.base import Tool
 from chat.tools.mcp import McpHub, McpUnavailable, RemoteTool, Report, ServerSpec, remote_tool
-from studio.orm import PreparedRows
 from studio.runtime import Runtime, runtime
 
 logger = logging.getLogger(__name__)
@@ -88,12 +87,8 @@ def server_tools(server: McpServer, *, connect: bool) -> list[Tool]:
     ]
 
 
-# Read at the start of every run: compiled once (see studio.orm).
-_ENABLED = PreparedRows(lambda: McpServer.objects.filter(enabled=True))
-
-
 def enabled_servers() -> list[McpServer]:
-    return _ENABLED.all()
+    return list(McpServer.objects.filter(enabled=True))
 
 
 def never_reached(servers: list[McpServer]) -> bool:

@@ -17,7 +17,6 @@ from approvals.rules import rule_revoke
 from approvals.services import approvals_end
 from chat.models import Conversation, Message, Run
 from chat.tools import builtin_tools
-from studio.orm import create_row, update_where
 from studio.runtime import runtime
 from studio.sessions import session_digest
 
@@ -131,15 +130,13 @@ def run_create(
                 # The owner as read here, not ``user``: the run keeps it for its
                 # life, and a view's ``request.user`` is a lazy object that holds
                 # its whole request (11 KB more per parked run, measured at 10,000).
-                run = create_row(
-                    Run,
+                run = Run.objects.create(
                     id=run_id,
                     conversation=conversation,
                     started_by=conversation.owner,
                     inbox=inbox,
                 )
-                message = create_row(
-                    Message,
+                message = Message.objects.create(
                     conversation=conversation,
                     run=run,
                     role=Message.Role.USER,
@@ -219,8 +216,6 @@ def run_heartbeat(*, inbox: str) -> int:
 
 def run_finish(*, run_id: str, status: str, error: str = "") -> None:
     """Record how the run ended; a run ended already (retired as dead, say) keeps its record."""
-    update_where(
-        Run,
-        where={"pk": run_id, "status": Run.Status.RUNNING},
-        values={"status": status, "error": error[:2000], "finished_at": timezone.now()},
+    Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(
+        status=status, error=error[:2000], finished_at=timezone.now()
     )

@@ -76,8 +76,7 @@ MIDDLEWARE = [
 AUTHENTICATION_BACKENDS = [
     # First: refuses a locked-out login before any password is checked.
     "axes.backends.AxesStandaloneBackend",
-    # ModelBackend with a cheaper read of the user on every request.
-    "studio.auth.MemberBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 # Login throttling for a team app: a username is locked for a while after a
 # few failures *from one address*, so nobody can lock a colleague out from

@@ -54,12 +54,11 @@ def test_a_success_resets_the_count(settings):
 
 
 def test_a_login_session_ends_with_deactivation_or_a_new_password():
-    # The session's user is read through studio.auth.MemberBackend (a
-    # prepared read); Django's own checks must still apply to it.
+    # Django's own ModelBackend reads the session's user, with its own checks.
     user = make_user("alice")
     client, response = attempt(PASSWORD)
     assert response.status_code == 302
-    assert client.session["_auth_user_backend"] == "studio.auth.MemberBackend"
+    assert client.session["_auth_user_backend"] == "django.contrib.auth.backends.ModelBackend"
     assert client.get("/").status_code == 200
     type(user).objects.filter(pk=user.pk).update(is_active=False)
     assert client.get("/").status_code == 302, "an inactive account is logged out"
