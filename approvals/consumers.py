@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from approvals.inbox import count_badge, inbox_change, inbox_count, inbox_refresh, inbox_state
@@ -81,21 +80,6 @@ class MemberSocket(AsyncWebsocketConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
         await self.send(text_data=await off_loop(self.state))
-
-    async def dispatch(self, message: dict) -> None:
-        """Channels' dispatch, without its hop per message to Django's sync thread.
-
-        ``AsyncConsumer.dispatch`` closes stale database connections before
-        every handler through ``sync_to_async``: one trip to the process's
-        single sync thread per message per socket, so every fragment for every
-        tab queued behind that thread. This socket never uses the database on
-        the loop or on that thread; its queries run on the runtime's pools
-        (``off_loop``), whose threads give their connections back themselves.
-        """
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
 
     async def admit(self) -> bool:
         """Look up what the socket is for; False refuses it (404)."""

@@ -53,7 +53,7 @@ from approvals.rules import (
     speaks_for,
 )
 from studio.cancel import CancelToken
-from studio.runtime import once_answered, release_connection, runtime
+from studio.runtime import release_connection, runtime
 from studio.shell import Reading
 from studio.text import strip_nul, strip_nul_json
 
@@ -541,17 +541,6 @@ def _decided(result: DecideResult) -> None:
     next fragments (the tool's result when it is quick): its broadcast is
     handed to the run on a CARD_SECONDS timer, which sends it alone if they
     are slower. One message to the tabs instead of two.
-
-    A run of this process is woken once the decision's answer is written
-    (``once_answered``), not while the answer is still being built: the two
-    would share one interpreter. Measured with ``bench/ab.py rt
-    --interleave``: the round trip 0.96x against waking it at once; its step
-    started straight from the deciding thread measured 1.04x (see
-    bench/RESULTS.md, change 28).
-
-    Any other card leaves once the answer is written too. An answer that
-    holds the card (htmx) drew it already; a JSON answer did not, and the
-    card is drawn only then.
     """
     rt = runtime()
     approval = result.approval
@@ -563,11 +552,7 @@ def _decided(result: DecideResult) -> None:
         card = rt.outbox.group_later(group, message, CARD_SECONDS)
     if rt.gate.has(approval.approval_id):
         # Here: hand the run the committed row, so it need not read it again.
-        def wake() -> None:
-            rt.gate.wake(approval.approval_id, outcome=approval, card=card)
-
-        if not once_answered(wake):
-            wake()
+        rt.gate.wake(approval.approval_id, outcome=approval, card=card)
     else:
         inbox = approval.waiter_inbox
         if inbox and inbox != rt.inbox.name:
@@ -577,23 +562,7 @@ def _decided(result: DecideResult) -> None:
     if card is not None:
         inbox_broadcast(approval)
         return
-
-    # A request's answer goes first. The card follows once the answer is
-    # written, from a pool thread: a JSON answer does not hold the card, so
-    # it is only drawn then (the decision POST 0.93x, see bench/RESULTS.md,
-    # change 29).
-    if not once_answered(lambda: rt.http_pool.submit(_card_broadcast_after, result)):
-        _card_broadcast(approval, result.card_html)
-
-
-def _card_broadcast_after(result: DecideResult) -> None:
-    """(On a pool thread, once the decision is answered.) The card to every tab."""
-    try:
-        _card_broadcast(result.approval, result.card_html)
-    except Exception:
-        logger.exception("the card of %s could not be sent", result.approval.approval_id)
-    finally:
-        release_connection()
+    _card_broadcast(approval, result.card_html)
 
 
 def _card_broadcast(approval: ToolApproval, html: str) -> None:
@@ -747,7 +716,6 @@ def approval_wait(
     ``transaction.atomic()``. Always removes the slot. Returns the decided
     row, or None if it was deleted meanwhile.
     """
-    from studio.runtime import release_connection
 
     timeout = settings.STUDIO_APPROVAL_TIMEOUT if timeout is None else timeout
     poll = settings.STUDIO_APPROVAL_POLL_SECONDS if poll is None else poll

@@ -97,38 +97,6 @@ class DaemonPool(Executor):
         """Nothing to do: daemon threads end with the process."""
 
 
-# The calls a request handled on this thread leaves for after its answer.
-_ANSWERING = threading.local()
-
-
-@contextlib.contextmanager
-def answering(after: list[Callable[[], object]]):
-    """While handling one request on this thread: ``once_answered`` adds to ``after``.
-
-    The server calls what ``after`` holds, on its loop, once the answer is
-    written to the socket (``studio.handlers.OneHopASGIHandler``), or could
-    not be sent.
-    """
-    _ANSWERING.after = after
-    try:
-        yield
-    finally:
-        _ANSWERING.after = None
-
-
-def once_answered(fn: Callable[[], object]) -> bool:
-    """Have ``fn`` called once this thread's request is answered; False if there is none.
-
-    With no request being answered here (a test client, a worker thread, a
-    management command), the caller calls ``fn`` itself.
-    """
-    after = getattr(_ANSWERING, "after", None)
-    if after is None:
-        return False
-    after.append(fn)
-    return True
-
-
 def release_connection() -> None:
     """End of a unit of work on a pool thread.
 
@@ -539,12 +507,10 @@ class LocalRun:
 class Runtime:
     """Everything this process keeps between requests (see the module docstring)."""
 
-    def __init__(self, *, agent_workers: int, http_workers: int) -> None:
+    def __init__(self, *, agent_workers: int) -> None:
         self.gate = Gate()
         # Runs that are *working*; a parked run holds none of these.
         self.agent_pool = DaemonPool(agent_workers, "studio-agent")
-        # Django requests, one hop each (studio.handlers).
-        self.http_pool = DaemonPool(http_workers, "studio-http")
         # Short database work off the loop (sockets, the poller, the heartbeat):
         # never queued behind a full agent pool.
         self.io_pool = DaemonPool(4, "studio-io")
@@ -649,10 +615,7 @@ def runtime() -> Runtime:
     if _RUNTIME is None:
         with _RUNTIME_LOCK:
             if _RUNTIME is None:
-                _RUNTIME = Runtime(
-                    agent_workers=settings.STUDIO_AGENT_WORKERS,
-                    http_workers=settings.STUDIO_HTTP_WORKERS,
-                )
+                _RUNTIME = Runtime(agent_workers=settings.STUDIO_AGENT_WORKERS)
     return _RUNTIME
 
 
@@ -660,10 +623,7 @@ def replace_runtime(**sizes: int) -> Runtime:
     """A fresh runtime with the same plug-ins (tests: other pool sizes, a clean slate)."""
     global _RUNTIME
     old = runtime()
-    new = Runtime(
-        agent_workers=sizes.get("agent_workers", settings.STUDIO_AGENT_WORKERS),
-        http_workers=sizes.get("http_workers", settings.STUDIO_HTTP_WORKERS),
-    )
+    new = Runtime(agent_workers=sizes.get("agent_workers", settings.STUDIO_AGENT_WORKERS))
     new.inbox.handlers = dict(old.inbox.handlers)
     new.inbox.poll = old.inbox.poll
     new.services = list(old.services)

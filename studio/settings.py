@@ -270,10 +270,8 @@ STUDIO_AUTO_ALLOW_TOOLS = env_list("STUDIO_AUTO_ALLOW_TOOLS", [])
 # heartbeat is older than the stale limit belongs to a dead process.
 STUDIO_RUN_HEARTBEAT_SECONDS = env_float("STUDIO_RUN_HEARTBEAT_SECONDS", 30, minimum=0.1)
 STUDIO_RUN_STALE_SECONDS = env_float("STUDIO_RUN_STALE_SECONDS", 90, minimum=0.3)
-# Threads for runs that are working (a run parked on a decision holds none),
-# and for Django's request handling (one hop per request, see studio.handlers).
+# Threads for runs that are working (a run parked on a decision holds none).
 STUDIO_AGENT_WORKERS = env_int("STUDIO_AGENT_WORKERS", 64, minimum=1)
-STUDIO_HTTP_WORKERS = env_int("STUDIO_HTTP_WORKERS", 8, minimum=1)
 STUDIO_MAX_TOOL_ITERATIONS = env_int("STUDIO_MAX_TOOL_ITERATIONS", 25, minimum=1)
 STUDIO_TOOL_TIMEOUT = env_float("STUDIO_TOOL_TIMEOUT", 300, minimum=0.1)
 # Tool isolation: "bwrap" (bubblewrap, the default) or "none" (an admin's

@@ -31,7 +31,7 @@ from chat.engine import Stepper, run_launch, run_stop
 from chat.models import Message, Run
 from chat.services import run_create
 from studio.runtime import LocalRun, replace_runtime, restore_runtime, runtime
-from tests.factories import make_approval, make_conversation
+from tests.factories import make_conversation
 from tests.helpers.procs import read_line, spawn
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.anydb]
@@ -453,84 +453,3 @@ async def post_decision(approval, user, decision: str = "allow") -> list[dict]:
 
     await asyncio.wait_for(studio.asgi.django_asgi_app(scope, receive, send), BOUND)
     return sent
-
-
-@pytest.fixture
-def answers_and_wakes(monkeypatch):
-    """The order in which the server answers requests and the gate wakes runs."""
-    from approvals.gate import Gate
-    from studio.handlers import OneHopASGIHandler
-
-    order = []
-    send_response, wake = OneHopASGIHandler.send_response, Gate.wake
-
-    async def answering(self, response, send):
-        await send_response(self, response, send)
-        order.append("answered")
-
-    def waking(self, approval_id, *args, **kwargs):
-        order.append("woken")
-        return wake(self, approval_id, *args, **kwargs)
-
-    monkeypatch.setattr(OneHopASGIHandler, "send_response", answering)
-    monkeypatch.setattr(Gate, "wake", waking)
-    return order
-
-
-async def test_a_decision_wakes_the_run_here_once_its_answer_is_sent(
-    rt, conversation, alice, settings, answers_and_wakes
-):
-    settings.STUDIO_APPROVAL_POLL_SECONDS = 300  # the decision's wake, never a poll
-    approval = await parked(rt, conversation)
-
-    sent = await post_decision(approval, alice)
-
-    assert sent[0]["status"] == 200, sent
-    assert answers_and_wakes == ["answered", "woken"]
-    await until(lambda: finished(conversation))
-    assert re.match(r"^42\s*$", await sync_to_async(tool_result)(conversation))
-
-
-async def test_a_json_decision_is_answered_before_its_card_is_drawn(
-    rt, conversation, alice, answers_and_wakes, monkeypatch
-):
-    """No run waits here: the answer holds no card, which is drawn and sent after it."""
-    approval = await sync_to_async(make_approval)(conversation)
-    tab = await Tab.open(conversation)
-    card_render = services.card_render
-
-    def drawing(approval, viewer=None):
-        answers_and_wakes.append("drawn")
-        return card_render(approval, viewer)
-
-    monkeypatch.setattr(services, "card_render", drawing)
-
-    sent = await post_decision(approval, alice)
-
-    assert sent[0]["status"] == 200, sent
-    message = await tab.until('data-status="allowed"')
-    assert message["type"] == "approval.changed"
-    assert answers_and_wakes == ["answered", "drawn"]
-
-
-class ClientGone(Exception):
-    pass
-
-
-async def test_a_decision_whose_answer_cannot_be_sent_still_wakes_the_run(
-    rt, conversation, alice, settings, monkeypatch
-):
-    from studio.handlers import OneHopASGIHandler
-
-    async def client_gone(self, response, send):
-        raise ClientGone
-
-    settings.STUDIO_APPROVAL_POLL_SECONDS = 300  # the decision's wake, never a poll
-    monkeypatch.setattr(OneHopASGIHandler, "send_response", client_gone)
-    approval = await parked(rt, conversation)
-
-    with pytest.raises(ClientGone):
-        await post_decision(approval, alice)
-
-    await until(lambda: finished(conversation))
-    assert re.match(r"^42\s*$", await sync_to_async(tool_result)(conversation))
