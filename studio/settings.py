@@ -46,7 +46,7 @@ CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    "studio.admin.StudioAdminConfig",  # django.contrib.admin, with Studio's site
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
