@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from approvals.dashboard import OUTCOMES, PERIODS, charts, dashboard_data
 from approvals.export import jsonl_line
 from approvals.models import ToolApproval, ToolRule
-from approvals.rules import policy_rules
+from approvals.services.rules import policy_rules
 from approvals.templatetags.approvals_tags import edit_diff
 from studio.text import canonical_json, short
 

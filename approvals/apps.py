@@ -8,7 +8,7 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from approvals.services import approval_poll_waiters, wake_from_message
+        from approvals.services.waiting import approval_poll_waiters, wake_from_message
         from approvals.webhook import webhook_loop
         from studio.runtime import runtime
 

@@ -100,7 +100,7 @@ class Slot(Latch):
 class Gate:
     """Slots of the runs waiting in this process, by approval id.
 
-    There is one per process (``approvals.services.GATE``); tests empty it
+    There is one per process (``runtime().gate``); tests empty it
     with ``clear()`` between cases.
     """
 

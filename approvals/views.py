@@ -9,7 +9,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from approvals.inbox import entry_context, inbox_queryset, notifications_set, wants_notifications
 from approvals.models import ToolApproval, can_review
-from approvals.services import (
+from approvals.services.decisions import (
     ApprovalNotFound,
     ClientInfo,
     DecisionForbidden,

@@ -28,9 +28,9 @@ from django.db import transaction
 
 from approvals.gate import Slot
 from approvals.models import ToolApproval, ToolRule, arguments_hash
-from approvals.rules import approval_verdict
-from approvals.services import (
-    ApprovalNotFound,
+from approvals.services.decisions import ApprovalNotFound
+from approvals.services.rules import approval_verdict
+from approvals.services.waiting import (
     approval_cancel_run,
     approval_check,
     approval_record_auto,

@@ -15,7 +15,7 @@ class ChatConfig(AppConfig):
     def ready(self) -> None:
         import chat.signals  # noqa: F401 - sockets re-check sessions on logout
         import studio.signals  # noqa: F401 - connects the SQLite permission guard
-        from approvals.rules import call_reader_install
+        from approvals.services.rules import call_reader_install
         from approvals.signals import purge_requested
         from chat import engine, mcp, services
         from chat.toolbox import call_reading

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import close_old_connections
 
-from approvals.services import poll_wait
+from approvals.services.waiting import poll_wait
 from chat import events, render
 from chat.agent import Agent
 from chat.display import MessageView

@@ -14,8 +14,8 @@ from django.urls import get_script_prefix
 from django.utils.html import escape
 
 from approvals.models import ToolApproval, ToolRule
-from approvals.rules import policy_rules
-from approvals.services import approval_now
+from approvals.services.decisions import approval_now
+from approvals.services.rules import policy_rules
 from chat import events
 from chat.display import Item, MessageView, ToolBlock, blocks_for, tool_dom_id, transcript_items
 from chat.limits import MAX_MESSAGE

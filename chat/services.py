@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolRule, can_review
 from approvals.notify import member_group
-from approvals.rules import rule_revoke
-from approvals.services import approvals_end
+from approvals.services.rules import rule_revoke
+from approvals.services.waiting import approvals_end
 from chat.models import Conversation, Message, Run
 from chat.tools import builtin_tools
 from studio.runtime import runtime

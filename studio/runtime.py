@@ -211,7 +211,7 @@ class Outbox:
         what it announces takes a while: a quick step takes it back and sends
         it with its next fragments instead. A message nobody takes back just
         steps aside for what is sent meanwhile (the inboxes' change notices,
-        see ``approvals.services.inbox_broadcast``). With no server loop it
+        see ``approvals.services.decisions.inbox_broadcast``). With no server loop it
         is sent now.
         """
         later = Later(message)

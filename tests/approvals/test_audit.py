@@ -19,7 +19,8 @@ from django.utils import timezone
 from approvals import export
 from approvals.export import FIELDS, approval_from_record, approval_record
 from approvals.models import ToolApproval
-from approvals.services import approval_decide, approval_record_output
+from approvals.services.decisions import approval_decide
+from approvals.services.waiting import approval_record_output
 from chat.events import ToolStarted
 from tests.factories import make_approval, make_run
 from tests.helpers.driver import AgentDriver

@@ -8,7 +8,7 @@ import json
 import pytest
 from channels.layers import get_channel_layer
 
-from approvals.services import approval_decide
+from approvals.services.decisions import approval_decide
 from studio.runtime import runtime
 from tests.helpers.procs import read_line, spawn
 

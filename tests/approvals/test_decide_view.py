@@ -108,7 +108,7 @@ def test_htmx_gets_the_card_partial(alice_client, approval):
 def test_htmx_answer_and_the_other_tabs_share_one_drawing_of_the_card(
     alice_client, approval, monkeypatch
 ):
-    from approvals import services
+    from approvals.services import decisions as services
 
     drawn = []
     card_render = services.card_render

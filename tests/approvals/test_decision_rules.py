@@ -13,7 +13,7 @@ from django.test import Client
 from django.urls import reverse
 
 from approvals.models import OWN_CALL, ToolApproval, ToolRule
-from approvals.services import DecisionForbidden, approval_decide, approvals_decide
+from approvals.services.decisions import DecisionForbidden, approval_decide, approvals_decide
 from chat.events import ToolFinished, ToolStarted
 from chat.tools import builtin_tools
 from studio.wording import REJECTION_TEXT

@@ -10,13 +10,9 @@ from django.test import Client
 from django.urls import reverse
 
 from approvals.models import ToolApproval, ToolRule, arguments_hash
-from approvals.rules import approval_verdict
-from approvals.services import (
-    InvalidDecision,
-    approval_decide,
-    approval_request,
-    approvals_decide,
-)
+from approvals.services.decisions import InvalidDecision, approval_decide, approvals_decide
+from approvals.services.rules import approval_verdict
+from approvals.services.waiting import approval_request
 from chat.agent import EDITED_TEXT
 from chat.events import Done, ToolFinished, ToolStarted, TurnAsked
 from chat.tools import builtin_tools
@@ -320,7 +316,7 @@ def test_allow_then_stop_before_the_run_looks_runs_the_call_and_says_so(
 
 
 def test_a_pending_approval_records_its_subject_and_schema(conversation):
-    from approvals.rules import Verdict
+    from approvals.services.rules import Verdict
 
     approval, _ = approval_request(
         conversation=conversation, tool_name="terminal", arguments={"command": "ls"},

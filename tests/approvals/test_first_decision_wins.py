@@ -9,7 +9,7 @@ import pytest
 from django.db import connections
 
 from approvals.models import ToolApproval
-from approvals.services import approval_decide
+from approvals.services.decisions import approval_decide
 from tests.factories import make_approval
 from tests.helpers.procs import spawn
 

@@ -17,13 +17,8 @@ from django.test.utils import CaptureQueriesContext
 
 from approvals.gate import Gate
 from approvals.models import ToolApproval, new_approval_id
-from approvals.services import (
-    ApprovalNotFound,
-    approval_cancel_run,
-    approval_decide,
-    approval_request,
-    approval_wait,
-)
+from approvals.services.decisions import ApprovalNotFound, approval_decide
+from approvals.services.waiting import approval_cancel_run, approval_request, approval_wait
 from studio.cancel import CancelToken
 from tests.factories import make_conversation
 
@@ -318,7 +313,7 @@ def decided_behind_the_gates_back(approval) -> None:
 
 
 def test_process_poller_wakes_a_waiter_whose_wake_was_lost(conversation, gate):
-    from approvals.services import approval_check, approval_poll_waiters
+    from approvals.services.waiting import approval_check, approval_poll_waiters
 
     approval, slot = request(conversation, gate)
     slot.waiting = True  # parked, as the engine marks it
@@ -331,7 +326,7 @@ def test_process_poller_wakes_a_waiter_whose_wake_was_lost(conversation, gate):
 
 
 def test_later_polls_ask_only_for_what_was_decided_lately(conversation, gate):
-    from approvals.services import approval_poll_waiters
+    from approvals.services.waiting import approval_poll_waiters
 
     first, first_slot = request(conversation, gate, run_id="r1")
     second, second_slot = request(conversation, gate, run_id="r2", arguments={"code": "2"})
@@ -345,7 +340,7 @@ def test_later_polls_ask_only_for_what_was_decided_lately(conversation, gate):
 
 
 def test_poller_leaves_pending_rows_alone(conversation, gate):
-    from approvals.services import approval_poll_waiters
+    from approvals.services.waiting import approval_poll_waiters
 
     _, slot = request(conversation, gate)
     slot.waiting = True
@@ -354,7 +349,7 @@ def test_poller_leaves_pending_rows_alone(conversation, gate):
 
 
 def look(slot, cancel=None):
-    from approvals.services import approval_check
+    from approvals.services.waiting import approval_check
 
     return approval_check(
         slot=slot, cancel=cancel or CancelToken(), deadline=time.monotonic() + BOUND

@@ -15,8 +15,9 @@ from django.utils import timezone
 from approvals.consumers import MemberSocket
 from approvals.inbox import notifications_set
 from approvals.models import InboxPreference
-from approvals.rules import Verdict
-from approvals.services import approval_decide, approval_request
+from approvals.services.decisions import approval_decide
+from approvals.services.rules import Verdict
+from approvals.services.waiting import approval_request
 from studio.runtime import runtime
 from tests.factories import make_approval, make_conversation, make_reviewer, make_user
 from tests.helpers.sockets import BOUND, closed_with, open_socket, receive_until

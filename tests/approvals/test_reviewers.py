@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from approvals.models import NOT_YOURS, OWN_CALL, ToolApproval, ToolRule
-from approvals.services import DecisionForbidden, approval_decide, approvals_decide
+from approvals.services.decisions import DecisionForbidden, approval_decide, approvals_decide
 from chat.events import ToolFinished, ToolStarted
 from chat.models import Message
 from tests.factories import make_approval, make_conversation, make_reviewer, make_user

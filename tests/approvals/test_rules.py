@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from approvals.models import ToolApproval, ToolRule
-from approvals.rules import approval_verdict
+from approvals.services.rules import approval_verdict
 from studio.shell import read_command_line
 from tests.factories import make_conversation
 

@@ -10,7 +10,7 @@ from django.db import connections
 from django.utils import timezone
 
 from approvals.models import ToolApproval
-from approvals.services import approval_decide
+from approvals.services.decisions import approval_decide
 from approvals.webhook import webhook_claim_due, webhook_post, webhook_tick
 from tests.factories import make_approval, make_conversation
 from tests.helpers.receiver import Receiver

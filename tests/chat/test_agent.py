@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from approvals.models import ToolApproval, ToolRule
-from approvals.services import approval_decide
+from approvals.services.decisions import approval_decide
 from chat.agent import DUPLICATE_TEXT
 from chat.events import Done, Failed, ToolFinished, ToolStarted
 from chat.models import Message

@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from django.test import Client
 
 from approvals.models import ToolApproval
-from approvals.services import approval_decide
+from approvals.services.decisions import approval_decide
 from chat.models import Message, Run
 from studio.runtime import replace_runtime, restore_runtime, runtime
 from tests.factories import make_conversation

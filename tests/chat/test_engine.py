@@ -23,9 +23,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 
-from approvals import services
 from approvals.models import ToolApproval
-from approvals.services import approval_decide
+from approvals.services import decisions as services
+from approvals.services.decisions import approval_decide
 from chat import engine
 from chat.engine import Stepper, run_launch, run_stop
 from chat.models import Message, Run

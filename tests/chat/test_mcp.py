@@ -11,7 +11,7 @@ import time
 import pytest
 
 from approvals.models import ToolApproval
-from approvals.services import approval_decide
+from approvals.services.decisions import approval_decide
 from chat.events import ToolFinished, ToolStarted
 from chat.mcp import mcp_tools
 from chat.models import McpServer

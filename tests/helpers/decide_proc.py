@@ -15,7 +15,7 @@ django.setup()
 
 from django.contrib.auth import get_user_model  # noqa: E402
 
-from approvals.services import approval_decide  # noqa: E402
+from approvals.services.decisions import approval_decide  # noqa: E402
 
 
 def main() -> None:

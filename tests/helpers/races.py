@@ -6,7 +6,7 @@ import threading
 
 from django.db import connections
 
-from approvals.services import approval_decide
+from approvals.services.decisions import approval_decide
 
 BOUND = 10.0
 

@@ -17,7 +17,7 @@ import django
 
 django.setup()
 
-from approvals.services import approval_check, approval_request  # noqa: E402
+from approvals.services.waiting import approval_check, approval_request  # noqa: E402
 from chat.models import Conversation  # noqa: E402
 from studio.cancel import CancelToken  # noqa: E402
 from studio.runtime import runtime  # noqa: E402

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from approvals.export import archive_write
 from approvals.models import ToolApproval
-from approvals.services import approvals_expire_stale
+from approvals.services.waiting import approvals_expire_stale
 from approvals.signals import purge_requested
 
 
