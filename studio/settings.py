@@ -179,21 +179,12 @@ else:
         }
     }
 
-# Sessions: Django's cached_db backend (the database stays the record; reads
-# come from the cache). The cache must be shared by every process that
-# serves the site, so that a logout is seen everywhere at once: Redis when
-# there are several processes, this process's memory when it is alone.
-SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
-if REDIS_URL:
-    CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": REDIS_URL,
-            "KEY_PREFIX": "studio",
-        }
-    }
-else:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# Sessions in the database, which every process shares: a logout is seen
+# everywhere at once. Not through Django's Redis cache: under ASGI each
+# request and each socket would open Redis connections of its own (Django
+# ticket #35651; bench/RESULTS.md), and nothing else here uses a cache.
+SESSION_ENGINE = "django.contrib.sessions.backends.db"
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
