@@ -78,7 +78,7 @@ def member_headers(session: str, csrf: str) -> dict[str, str]:
 
     As a header, not in the client's cookie jar: httpx keeps cookies in
     Python's ``http.cookiejar``, which costs the client about 0.1 ms per
-    request inside the timed interval (``bench/client_cost.py``), a cost the
+    request inside the timed interval, a cost the
     peers' clients (no cookies) never pay and a browser's is not.
     """
     return {
@@ -292,7 +292,7 @@ class SocketCycles:
     process), and ``one()`` times until the ``tool_end`` fragment arrives on
     the socket. A new conversation every ``per_conversation`` approvals.
     ``read``, if given, is called just outside the server's CPU reads at both
-    ends of that window (``Trip.read``: bench/threads.py's per-thread CPU)."""
+    ends of that window (``Trip.read``)."""
 
     def __init__(
         self,
