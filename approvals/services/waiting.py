@@ -74,15 +74,9 @@ def approval_request(
     """
     rt = runtime()
     approval = ToolApproval.objects.create(
-        conversation=conversation,
-        tool_name=tool_name,
-        arguments=arguments,
-        arguments_sha256=arguments_hash(arguments),
-        requested_by=requested_by,
-        run_id=run_id,
-        tool_call_id=tool_call_id,
-        tool_hints=hints or [],
-        tool_schema=schema or {},
+        **_call_fields(
+            conversation, tool_name, arguments, run_id, requested_by, tool_call_id, hints, schema
+        ),
         subject=subject,
         waiter_inbox=rt.inbox.name,
         needs_review=verdict is not None and verdict.action == Action.REVIEW,
@@ -109,15 +103,9 @@ def approval_record_auto(
     """Record a call the rules let run, or blocked, without asking: still audited."""
     now = timezone.now()
     return ToolApproval.objects.create(
-        conversation=conversation,
-        tool_name=tool_name,
-        arguments=arguments,
-        arguments_sha256=arguments_hash(arguments),
-        requested_by=requested_by,
-        run_id=run_id,
-        tool_call_id=tool_call_id,
-        tool_hints=hints or [],
-        tool_schema=schema or {},
+        **_call_fields(
+            conversation, tool_name, arguments, run_id, requested_by, tool_call_id, hints, schema
+        ),
         subject=subject,
         status=Status.DENIED if verdict.action == Action.DENY else Status.ALLOWED,
         reason=verdict.reason,
@@ -126,6 +114,23 @@ def approval_record_auto(
         decision_seconds=0.0,
         **_rule_fields(verdict),
     )
+
+
+def _call_fields(
+    conversation, tool_name, arguments, run_id, requested_by, tool_call_id, hints, schema
+) -> dict:
+    """What every row of a call keeps of it, asked or not."""
+    return {
+        "conversation": conversation,
+        "tool_name": tool_name,
+        "arguments": arguments,
+        "arguments_sha256": arguments_hash(arguments),
+        "requested_by": requested_by,
+        "run_id": run_id,
+        "tool_call_id": tool_call_id,
+        "tool_hints": hints or [],
+        "tool_schema": schema or {},
+    }
 
 
 def _rule_fields(verdict: Verdict | None) -> dict:
