@@ -81,6 +81,9 @@ class Approval(models.Model):
         app_label = "stock_peer"
         db_table = "stock_peer_approval"
 
+    def __str__(self) -> str:
+        return f"{self.approval_id} [{self.status}]"
+
 
 if Approval._meta.db_table not in connection.introspection.table_names():
     with connection.schema_editor() as editor:
