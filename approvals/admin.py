@@ -314,8 +314,10 @@ class ToolApprovalAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
 
+    # Not even a superuser deletes the audit here: purge_approvals is the one
+    # way rows leave, by age and with its own record.
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return request.user.is_superuser
+        return False
 
 
 class ToolRuleForm(forms.ModelForm):

@@ -50,3 +50,13 @@ def _minute_texts(minute: datetime, zone: str, language: str | None) -> tuple[st
     if SUB_MINUTE & set(fmt):
         return None, shown
     return escape(formats.localize(minute)), shown
+
+
+@register.filter
+def pause_length(delta) -> str:
+    """A timedelta as a person says it: "15 minutes", "1 hour 30 minutes", "45 seconds"."""
+    seconds = int(delta.total_seconds())
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    parts = [(hours, "hour"), (minutes, "minute")] if hours or minutes else [(seconds, "second")]
+    return " ".join(f"{n} {unit}{'' if n == 1 else 's'}" for n, unit in parts if n) or "0 seconds"

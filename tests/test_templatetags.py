@@ -89,3 +89,16 @@ def test_the_title_is_escaped_as_the_template_escapes_it():
         ours, djangos = both(MOMENTS[0])
     assert ours == djangos
     assert 'title="&lt;b&gt;2026 &amp;"' in ours
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [(900, "15 minutes"), (60, "1 minute"), (5400, "1 hour 30 minutes"), (3600, "1 hour"),
+     (45, "45 seconds"), (0.6, "0 seconds")],
+)  # fmt: skip
+def test_pause_length_says_it_as_a_person_would(seconds, said):
+    from datetime import timedelta
+
+    from studio.templatetags import pause_length
+
+    assert pause_length(timedelta(seconds=seconds)) == said

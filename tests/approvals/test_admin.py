@@ -87,6 +87,22 @@ def test_add_and_change_are_refused(staff_client, rows):
     assert (allowed.status, allowed.note) == ("allowed", "-fine")
 
 
+def test_nobody_deletes_an_audit_row_in_the_admin_not_even_a_superuser(staff_client, rows):
+    """purge_approvals is the one way rows leave: no Delete action, no delete page."""
+    changelist = staff_client.get(reverse("admin:approvals_toolapproval_changelist"))
+    assert changelist.status_code == 200
+    assert b'value="delete_selected"' not in changelist.content
+    delete_url = reverse("admin:approvals_toolapproval_delete", args=[rows[0].pk])
+    assert staff_client.get(delete_url).status_code == 403
+    assert staff_client.post(delete_url, {"post": "yes"}).status_code == 403
+    bulk = staff_client.post(
+        reverse("admin:approvals_toolapproval_changelist"),
+        {"action": "delete_selected", "_selected_action": [r.pk for r in rows], "post": "yes"},
+    )
+    assert bulk.status_code in (200, 302)
+    assert ToolApproval.objects.count() == len(rows)
+
+
 def test_staff_who_is_not_superuser_cannot_delete(rows):
     from django.contrib.auth.models import Permission
 

@@ -35,6 +35,8 @@ def test_a_few_wrong_passwords_lock_that_name_from_that_address(settings):
     client, response = attempt(PASSWORD)
     assert response.status_code == 429
     assert b"Too many failed logins" in response.content
+    # The page says how long the pause lasts (STUDIO_LOGIN_COOLOFF_MINUTES, 15 by default).
+    assert b"is paused for 15 minutes after 3 wrong passwords" in response.content
     assert "_auth_user_id" not in client.session
     # ...but only from that address: nobody can lock a colleague out from elsewhere.
     client, response = attempt(PASSWORD, address="10.0.0.2")
