@@ -185,7 +185,8 @@ class McpServer(models.Model):
         max_length=30,
         unique=True,
         validators=[RegexValidator(r"^[A-Za-z0-9-]+$", "Letters, digits and '-' only.")],
-        help_text="Its tools are offered as <name>__<tool>.",
+        # Plain words: the admin shows help text as HTML, where "<name>" vanished.
+        help_text="Its tools are offered as NAME__TOOL: this name, two underscores, the tool.",
     )
     command = models.CharField(
         "Command",

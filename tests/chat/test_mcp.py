@@ -304,3 +304,13 @@ def test_the_admin_never_shows_secrets_back_and_refreshes_tools(admin_user, fres
         r"<li class=\"(?:success|info|error|warning)\">(.*?)</li>", page
     )
     assert len(McpServer.objects.get(pk=row.pk).tools) == 7
+
+
+@pytest.mark.django_db
+def test_the_admin_explains_how_a_servers_tools_are_named(admin_user):
+    from django.test import Client
+
+    client = Client()
+    client.force_login(admin_user)
+    page = client.get("/admin/chat/mcpserver/add/").content.decode()
+    assert "Its tools are offered as NAME__TOOL: this name, two underscores, the tool." in page
