@@ -127,6 +127,45 @@ def pretty_json(value) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
 
 
+# The states an audit row can be in, as people tell them apart: a call nobody
+# decided (timed out, cancelled, expired) is recorded as denied, never shown so.
+ENDED = (
+    ToolApproval.Reason.TIMEOUT,
+    ToolApproval.Reason.CANCELLED,
+    ToolApproval.Reason.EXPIRED,
+)
+
+
+def state_of(approval: ToolApproval) -> tuple[str, str]:
+    """(key, label) of the row's state: its status, or how it ended without a decision."""
+    if approval.reason in ENDED:
+        return approval.reason, approval.get_reason_display()
+    return approval.status, approval.get_status_display()
+
+
+class StateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return [
+            (ToolApproval.Status.PENDING, "Pending"),
+            (ToolApproval.Status.ALLOWED, "Allowed"),
+            (ToolApproval.Status.DENIED, "Denied"),
+            *((reason, ToolApproval.Reason(reason).label) for reason in ENDED),
+        ]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value in ENDED:
+            return queryset.filter(reason=value)
+        if value == ToolApproval.Status.DENIED:
+            return queryset.filter(status=value).exclude(reason__in=ENDED)
+        if value in (ToolApproval.Status.PENDING, ToolApproval.Status.ALLOWED):
+            return queryset.filter(status=value)
+        return queryset
+
+
 @admin.register(ToolApproval)
 class ToolApprovalAdmin(admin.ModelAdmin):
     """Read-only audit rows: a list that fits a laptop, a detail page with the context."""
@@ -142,7 +181,7 @@ class ToolApprovalAdmin(admin.ModelAdmin):
         "reason_short",
         "chat",
     ]
-    list_filter = ["status", "reason", "needs_review", "tool_name", "requested_at"]
+    list_filter = [StateFilter, "reason", "needs_review", "tool_name", "requested_at"]
     search_fields = [
         "tool_name",
         "arguments",
@@ -191,9 +230,8 @@ class ToolApprovalAdmin(admin.ModelAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: ToolApproval) -> str:
-        return format_html(
-            '<span class="audit-status audit-{}">{}</span>', obj.status, obj.get_status_display()
-        )
+        key, label = state_of(obj)
+        return format_html('<span class="audit-status audit-{}">{}</span>', key, label)
 
     @admin.display(description="arguments")
     def summary(self, obj: ToolApproval) -> str:

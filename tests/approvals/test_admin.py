@@ -52,7 +52,7 @@ def test_changelist_renders_with_filters_and_search(staff_client, rows):
     response = staff_client.get(changelist)
     assert response.status_code == 200
     html = response.content.decode()
-    for label in ("By status", "By reason", "By tool name", "By requested at"):
+    for label in ("By state", "By reason", "By tool name", "By requested at"):
         assert label in html
     headers = [str(column["text"]) for column in response.context["result_headers"]]
     assert headers[1:] == [
@@ -65,7 +65,7 @@ def test_changelist_renders_with_filters_and_search(staff_client, rows):
         "reason",
         "conversation",
     ]
-    filtered = staff_client.get(changelist, {"status__exact": "denied"})
+    filtered = staff_client.get(changelist, {"state": "denied"})
     assert filtered.context["cl"].result_count == 1
     searched = staff_client.get(changelist, {"q": "rm -rf"})
     assert [a.tool_name for a in searched.context["cl"].result_list] == ["terminal"]
@@ -85,6 +85,21 @@ def test_add_and_change_are_refused(staff_client, rows):
     assert response.status_code == 403
     allowed.refresh_from_db()
     assert (allowed.status, allowed.note) == ("allowed", "-fine")
+
+
+@pytest.mark.parametrize("reason", ["timeout", "cancelled", "expired"])
+def test_a_call_nobody_decided_shows_as_such_never_as_denied(staff_client, rows, reason):
+    ended = make_approval(rows[0].conversation, status="denied", reason=reason)
+    changelist = reverse("admin:approvals_toolapproval_changelist")
+    page = staff_client.get(changelist).content.decode()
+    label = ToolApproval.Reason(reason).label
+    assert f'<span class="audit-status audit-{reason}">{label}</span>' in page
+    assert f"state={reason}" in page  # the filter offers it
+    only = staff_client.get(changelist, {"state": reason}).context["cl"].result_list
+    assert [a.pk for a in only] == [ended.pk]
+    # "Denied" means a person's or a rule's no: the ended call is not among them.
+    denied = staff_client.get(changelist, {"state": "denied"}).context["cl"].result_list
+    assert ended.pk not in [a.pk for a in denied] and rows[1].pk in [a.pk for a in denied]
 
 
 def test_nobody_deletes_an_audit_row_in_the_admin_not_even_a_superuser(staff_client, rows):
