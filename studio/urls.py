@@ -2,9 +2,18 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_not_required
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 urlpatterns = [
+    # Pages name their icon; this answers browsers that ask for the old name
+    # anyway (the admin's pages, a bookmark), signed in or not.
+    path(
+        "favicon.ico",
+        login_not_required(RedirectView.as_view(url=static("studio/favicon.svg"), permanent=True)),
+    ),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

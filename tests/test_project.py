@@ -48,3 +48,15 @@ def test_ensure_login_creates_one_admin_once():
     call_command("ensure_login", stdout=again)
     assert again.getvalue() == ""
     assert get_user_model().objects.filter(is_superuser=True).count() == 1
+
+
+@pytest.mark.django_db
+def test_every_page_has_an_icon_that_exists(client):
+    """The login page (no session) names the icon, and the old name leads to it."""
+    page = client.get("/accounts/login/").content.decode()
+    assert '<link rel="icon" href="/static/studio/favicon.svg"' in page
+    old = client.get("/favicon.ico")
+    assert (old.status_code, old["Location"]) == (301, "/static/studio/favicon.svg")
+    from django.contrib.staticfiles import finders
+
+    assert "<svg" in open(finders.find("studio/favicon.svg")).read()
