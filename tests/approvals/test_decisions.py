@@ -82,6 +82,8 @@ def test_an_edit_keeps_both_versions_and_their_hashes(conversation, alice):
     html = response.content.decode()
     assert "Allowed with edits" in html and "data-edited" in html
     assert "+print(2)" in html and "-print(1)" in html
+    # Each line is its own block: no newline between them (a blank line on screen).
+    assert '-print(1)</span><span class="diff-add">+print(2)</span>' in html
     row = ToolApproval.objects.get(pk=approval.pk)
     assert (row.status, row.reason) == ("allowed", "edited")
     assert row.arguments == {"code": "print(1)"}  # the model's, kept
