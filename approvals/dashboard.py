@@ -7,6 +7,7 @@ million; ``charts`` draws them as static SVG with pygal.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
@@ -184,12 +185,16 @@ def _rule_hits(rows) -> list[dict]:
     rules = list(ToolRule.objects.filter(hits__gt=0).order_by("-hits", "pk")[:TOP])
     if not rules:
         return []
-    in_period = dict(
-        rows.filter(rule__in=rules).values("rule").annotate(n=Count("pk")).values_list("rule", "n")
-    )
-    return [
-        {"rule": rule, "hits": rule.hits, "in_period": in_period.get(rule.pk, 0)} for rule in rules
-    ]
+    # The row of the decision that made a rule links it too, but is no hit.
+    hit_rows = rows.filter(rule__in=rules).exclude(reason=Reason.ALWAYS_ALLOW)
+    in_period = dict(hit_rows.values("rule").annotate(n=Count("pk")).values_list("rule", "n"))
+    found = []
+    for rule in rules:
+        period = in_period.get(rule.pk, 0)
+        # Rows older than the counter (or a counter reset) never make "all
+        # time" read less than "this period".
+        found.append({"rule": rule, "hits": max(rule.hits, period), "in_period": period})
+    return found
 
 
 def _pending() -> list[dict]:
@@ -208,25 +213,42 @@ def _pending() -> list[dict]:
 
 # --- charts ---------------------------------------------------------------------------
 
-STYLE = Style(
-    background="transparent",
-    plot_background="transparent",
-    foreground="#333",
-    foreground_strong="#222",
-    foreground_subtle="#ddd",
-    colors=("#2b8a3e", "#74b816", "#c92a2a", "#868e96", "#3b5bdb", "#e67700"),
-    font_family="system-ui, sans-serif",
-    label_font_size=11,
-    major_label_font_size=11,
-    legend_font_size=12,
-    title_font_size=14,
-)
+DANGER = "#c92a2a"
+
+
+def _style(*colors: str) -> Style:
+    return Style(
+        background="transparent",
+        plot_background="transparent",
+        foreground="#333",
+        foreground_strong="#222",
+        foreground_subtle="#ddd",
+        colors=colors,
+        font_family="system-ui, sans-serif",
+        label_font_size=11,
+        major_label_font_size=11,
+        legend_font_size=12,
+        title_font_size=14,
+    )
+
+
+STYLE = _style("#2b8a3e", "#74b816", DANGER, "#868e96", "#3b5bdb", "#e67700")
+# Denials are drawn in the danger colour, whatever their place among the series.
+DENIED_STYLE = _style(DANGER)
+
+
+def _count_axis(top: float) -> list[int]:
+    """Whole-number ticks from 0 past ``top``: counts are never 0.1 of a call."""
+    step = max(1, math.ceil(top / 6))
+    return list(range(0, int(top) + step + 1, step))
+
+
 _SCRIPT = re.compile(r"<script\b.*?</script>", re.S)
 
 
-def _chart(kind, **options) -> pygal.Graph:
+def _chart(kind, *, style: Style = STYLE, **options) -> pygal.Graph:
     return kind(
-        style=STYLE,
+        style=style,
         js=[],  # no scripts (and never a CDN): the SVG is a picture
         disable_xml_declaration=True,
         width=760,
@@ -256,6 +278,9 @@ def charts(board: Dashboard) -> dict[str, str]:
     )
     labels = [row["day"].strftime("%b %d") for row in board.per_day]
     per_day.x_labels = labels
+    per_day.y_labels = _count_axis(
+        max((sum(row[key] for key in OUTCOMES) for row in board.per_day), default=0)
+    )
     per_day.x_labels_major = labels[:: max(1, len(labels) // 10)]
     for key, (label, _) in OUTCOMES.items():
         per_day.add(label, [row[key] for row in board.per_day])
@@ -264,7 +289,8 @@ def charts(board: Dashboard) -> dict[str, str]:
     def tool(row: dict) -> str:
         return row["tool_name"]
 
-    # key: (chart kind, title, a bar's label, {legend: row key}, options)
+    # key: (chart kind, title, a bar's label, {legend: row key}, options); all but
+    # the decision times are counts.
     bars = {
         "decision_times": (
             pygal.Bar,
@@ -285,7 +311,7 @@ def charts(board: Dashboard) -> dict[str, str]:
             "Most denied calls",
             lambda row: f"{row['tool_name']}: {short(row['subject'], 48)}",
             {"denied": "count"},
-            {"show_legend": False},
+            {"show_legend": False, "style": DENIED_STYLE},
         ),
         "rule_hits": (
             pygal.HorizontalBar,
@@ -309,5 +335,14 @@ def charts(board: Dashboard) -> dict[str, str]:
             chart.x_labels = [label(row) for row in rows]
             for legend, column in series.items():
                 chart.add(legend, [row[column] for row in rows])
+            if key != "decision_times":
+                stacked = kind is pygal.HorizontalStackedBar
+                sums = [
+                    sum(row[c] for c in series.values())
+                    if stacked
+                    else max(row[c] for c in series.values())
+                    for row in rows
+                ]
+                chart.y_labels = _count_axis(max(sums, default=0))
             svgs[key] = _svg(chart)
     return svgs

@@ -160,3 +160,27 @@ def test_only_admins_who_may_view_approvals_see_it(alice, fixture):
     client = Client()
     client.force_login(alice)
     assert client.get(reverse("admin:approvals_toolapproval_dashboard")).status_code == 302
+
+
+def test_counts_on_whole_numbers_and_denials_in_red(fixture):
+    """Issue 37: the count charts had ticks at 0.1 ... 1, and denials were drawn green."""
+    import re
+
+    from approvals.dashboard import DANGER, charts
+
+    svgs = charts(dashboard_data(7, today=TODAY))
+    for name in ("per_day", "asked_share", "most_denied", "rule_hits", "pending"):
+        # Every number on an axis (the value axis, whichever way the bars run).
+        numbers = re.findall(r"<text[^>]*>([0-9][0-9.,]*)</text>", svgs[name])
+        assert numbers and all(n.isdigit() for n in numbers), (name, numbers)
+    assert f"fill:{DANGER}" in svgs["most_denied"].replace(" ", "")
+
+
+def test_a_rules_all_time_count_is_never_below_this_period(fixture):
+    rule = ToolRule.objects.create(tool="python", action="allow", hits=1)
+    for _ in range(3):  # rows the rule decided, more than its counter says
+        make_approval(fixture, status="allowed", reason="rule", rule=rule, requested_at=at(1))
+    # The decision that made it links the rule too, but is not a hit.
+    make_approval(fixture, status="allowed", reason="always_allow", rule=rule, requested_at=at(1))
+    (found,) = [r for r in dashboard_data(7, today=TODAY).rule_hits if r["rule"] == rule]
+    assert (found["in_period"], found["hits"]) == (3, 3)
