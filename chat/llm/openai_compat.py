@@ -9,6 +9,7 @@ Every failure becomes an ``LLMError`` with a message a user can act on.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import openai
@@ -17,6 +18,8 @@ from chat.llm.base import Chunk, LLMError, TextDelta, ToolCall, TurnEnd, new_cal
 from chat.llm.textcalls import OPEN, holdback, parse_arguments, split_text_calls
 from studio.cancel import CancelToken
 from studio.text import strip_nul, strip_nul_json
+
+logger = logging.getLogger(__name__)
 
 # The most of one reply (content, and each call's arguments) Studio keeps.
 MAX_REPLY_CHARS = 64 * 1024
@@ -104,10 +107,8 @@ class OpenAICompatModel:
         if not finished and not cancel.is_set():
             # Real servers end every choice with a finish_reason; a stream that
             # stops without one was cut (server crashed, proxy timed out).
-            raise LLMError(
-                f"the model server at {self.base_url} closed the stream before the reply "
-                "was finished."
-            )
+            logger.warning("the model server at %s closed a stream early", self.base_url)
+            raise LLMError("The model server closed the stream before the reply was finished.")
         tool_calls = [self._native_call(calls[i]) for i in sorted(calls)]
         visible, text_calls = split_text_calls(content, quoted=quoted)
         if not tool_calls:
@@ -132,18 +133,22 @@ class OpenAICompatModel:
         )
 
     def _describe(self, exc: Exception) -> str:
-        where = f"the model server at {self.base_url}"
+        """What the member reads. The server's address and the library's words
+        are for the operator's log: a member never sees an internal URL."""
+        logger.warning("model server %s (%s): %s", self.base_url, self.model, _short(str(exc)))
+        where = "the model server"
+        ask = " Try again, or tell an admin if it keeps happening."
         if isinstance(exc, openai.APITimeoutError):
-            return f"{where} did not answer in time."
+            return f"The model server did not answer in time.{ask}"
         if isinstance(exc, openai.APIConnectionError):
-            return f"Could not reach {where}. Is it running? ({exc.__cause__ or exc})"
+            return f"Could not reach {where}: it may be down or restarting.{ask}"
         if isinstance(exc, openai.AuthenticationError):
-            return f"{where} refused the API key (401). Check LLM_API_KEY."
+            return f"{where.capitalize()} refused Studio's API key (401). An admin must check it."
         if isinstance(exc, openai.NotFoundError):
-            return f"{where} answered 404: check LLM_BASE_URL and LLM_MODEL ({self.model!r})."
+            return f"{where.capitalize()} answered 404: an admin must check the model's settings."
         if isinstance(exc, openai.APIStatusError):
-            return f"{where} answered HTTP {exc.status_code}: {_short(exc.message)}"
-        return f"{where} sent a reply Studio could not read: {_short(str(exc))}"
+            return f"{where.capitalize()} answered HTTP {exc.status_code}.{ask}"
+        return f"{where.capitalize()} sent a reply Studio could not read.{ask}"
 
 
 def _short(text: str, limit: int = 300) -> str:

@@ -169,20 +169,25 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_server_down_is_a_clear_error():
-    model = model_for(f"http://127.0.0.1:{_closed_port()}/v1")
-    with pytest.raises(LLMError, match="Could not reach the model server"):
+def test_server_down_is_a_clear_error_without_its_address(caplog):
+    port = _closed_port()
+    model = model_for(f"http://127.0.0.1:{port}/v1")
+    with pytest.raises(LLMError, match="Could not reach the model server") as error:
         run(model)
+    # The member reads no internal address; the operator's log has it.
+    assert str(port) not in str(error.value) and "127.0.0.1" not in str(error.value)
+    assert f"127.0.0.1:{port}" in caplog.text
 
 
 @pytest.mark.parametrize(
     ("status", "message"),
-    [(401, "refused the API key"), (404, "answered 404"), (500, "answered HTTP 500")],
+    [(401, "refused Studio.s API key"), (404, "answered 404"), (500, "answered HTTP 500")],
 )
 def test_http_errors_are_clear(server, status, message):
     server.replies.append(Reply(status=status))
-    with pytest.raises(LLMError, match=message):
+    with pytest.raises(LLMError, match=message) as error:
         run(model_for(server.base_url))
+    assert server.base_url not in str(error.value)
 
 
 def test_hanging_server_times_out(server):
