@@ -128,9 +128,26 @@ class SandboxResult:
             problem = "killed: the call used more than its memory limit."
         elif self.exit_code:
             problem = f"exited with {_describe_exit(self.exit_code)}."
+            if _NO_NETWORK.search(text):
+                problem += f" {NO_NETWORK_NOTE}"
         else:
             return ToolResult(text if text.strip() else "(no output)")
         return ToolResult.error(f"{problem}\n{text}".rstrip())
+
+
+# What programs print when a name does not resolve or nothing answers: in the
+# sandbox, that is because there is no network at all.
+_NO_NETWORK = re.compile(
+    r"Could not resolve host|Temporary failure in name resolution|Name or service not known"
+    r"|No address associated with hostname|Network is unreachable|getaddrinfo failed"
+    r"|Failed to establish a new connection|Failed to connect to|Connection refused"
+    r"|unable to resolve host",
+    re.IGNORECASE,
+)
+NO_NETWORK_NOTE = (
+    "Tools run without a network (no internet, no local services), so this call could not "
+    "reach what it asked for; use web_fetch for a web page."
+)
 
 
 def _describe_exit(code: int) -> str:

@@ -336,3 +336,12 @@ def test_sandbox_none_is_an_explicit_opt_out(workspace, settings):
     # No PID namespace: the host's processes are visible. That is what
     # opting out means; the default never does this.
     assert int(out.strip()) > 10
+
+
+def test_a_call_that_needed_the_network_is_told_there_is_none(workspace):
+    code = "import urllib.request\nurllib.request.urlopen('http://example.com', timeout=5)"
+    out = python(code, workspace)
+    assert out.startswith("Error: exited with status 1. Tools run without a network"), out
+    assert "use web_fetch" in out
+    # A failure that has nothing to do with the network says nothing of it.
+    assert "network" not in python("raise SystemExit(3)", workspace)
