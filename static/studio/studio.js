@@ -57,6 +57,39 @@
     }
   });
 
+  // The message's length near its limit, and never a silent cut: a message
+  // over the limit is not sent, and the member is told the limit.
+  function messageLength(input) {
+    var max = parseInt(input.dataset.maxLength || "0", 10);
+    var count = $("message-count");
+    var n = input.value.length;
+    if (count && max) {
+      count.hidden = n < max * 0.9;
+      count.classList.toggle("over", n > max);
+      count.textContent = n.toLocaleString("en-US") + " / " + max.toLocaleString("en-US") +
+        (n > max ? " characters: too long to send" : " characters");
+    }
+    return { n: n, max: max };
+  }
+  document.addEventListener("input", function (evt) {
+    if (evt.target && evt.target.id === "message-input") messageLength(evt.target);
+  });
+  document.addEventListener("htmx:wsConfigSend", function (evt) {
+    var input = $("message-input");
+    if (!input || !evt.detail.elt || evt.detail.elt.id !== "composer") return;
+    var size = messageLength(input);
+    if (size.max && size.n > size.max) {
+      evt.preventDefault();
+      var notice = $("notice");
+      if (notice) {
+        notice.className = "notice notice-error";
+        notice.textContent = "Messages are limited to " + size.max.toLocaleString("en-US") +
+          " characters; this one has " + size.n.toLocaleString("en-US") +
+          ". Shorten it, or put the text in a file.";
+      }
+    }
+  });
+
   var lastSeq = "0";
   document.addEventListener("htmx:wsAfterMessage", function () {
     // The server acknowledges each message: clear the box only when it was

@@ -128,3 +128,28 @@ def test_deny_with_a_note(page, studio_server, member):
     assert decided.locator("blockquote.note").inner_text() == "Use pathlib instead."
     result = page.locator(".tool-result pre").last.inner_text()
     assert result == "The user declined to run this tool call. The user said: Use pathlib instead."
+
+
+def test_a_message_over_the_limit_is_refused_with_the_limit_named_never_cut(
+    page, studio_server, member
+):
+    """Issue 37: a 54,000-character paste sent 20,000 characters without a word."""
+    start_chat(page, studio_server)
+    page.fill("#message-input", "x" * 17_000)
+    count = page.locator("#message-count")
+    assert count.is_hidden()  # far from the limit: no counter
+    page.fill("#message-input", "x" * 18_500)
+    assert count.inner_text() == "18,500 / 20,000 characters"  # near it: a counter
+    page.fill("#message-input", "y" * 54_000)
+    assert "too long to send" in count.inner_text()
+    page.press("#message-input", "Enter")
+    notice = page.locator("#notice")
+    notice.wait_for(state="visible", timeout=TIMEOUT)
+    assert "limited to 20,000 characters; this one has 54,000" in notice.inner_text()
+    # Nothing was sent, and nothing was cut: the whole paste is still there.
+    assert page.locator("#transcript .msg-user").count() == 0
+    assert len(page.input_value("#message-input")) == 54_000
+    # A message within the limit goes, as ever (and shows where the refused one did not).
+    page.fill("#message-input", "hello")
+    page.press("#message-input", "Enter")
+    page.locator("#transcript .msg-user").first.wait_for(timeout=TIMEOUT)
