@@ -36,7 +36,21 @@ def member_sessions_recheck(*, user_id: int, ended_session: str | None = None) -
 
 
 def conversation_start(*, owner, title: str = "New chat") -> Conversation:
-    return Conversation.objects.create(owner=owner, title=title[:200] or "New chat")
+    """A chat to start in: the member's blank one if there is one, else a new one.
+
+    A chat nobody has written in yet is reused, so "New chat" clicked again
+    and again does not pile up empty conversations in the list.
+    """
+    blank = (
+        Conversation.objects.filter(owner=owner, messages__isnull=True, runs__isnull=True)
+        .order_by("-pk")
+        .first()
+    )
+    if blank is None:
+        return Conversation.objects.create(owner=owner, title=title[:200] or "New chat")
+    blank.title = title[:200] or "New chat"
+    blank.save(update_fields=["title", "updated_at"])  # to the top of the list
+    return blank
 
 
 def conversation_settings_update(

@@ -45,6 +45,20 @@ def test_new_chat(alice_client, alice):
     assert conversation.confirm_tool_calls is True
 
 
+def test_new_chat_again_and_again_keeps_one_blank_chat(alice_client, alice, bob):
+    """Issue 37: empty "New chat" conversations piled up in the list."""
+    first = alice_client.post(reverse("chat:new"))["Location"]
+    assert alice_client.post(reverse("chat:new"))["Location"] == first
+    assert Conversation.objects.filter(owner=alice).count() == 1
+    # Once written in, it is a chat of its own: the next New chat is another one.
+    Message.objects.create(conversation=Conversation.objects.get(owner=alice), role="user")
+    assert alice_client.post(reverse("chat:new"))["Location"] != first
+    assert Conversation.objects.filter(owner=alice).count() == 2
+    # Someone else's blank chat is never handed out.
+    theirs = make_conversation(bob)
+    assert alice_client.post(reverse("chat:new"))["Location"] != theirs.get_absolute_url()
+
+
 def test_other_members_conversation_is_404(alice_client, bob):
     theirs = make_conversation(bob)
     assert alice_client.get(theirs.get_absolute_url()).status_code == 404
