@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from approvals.dashboard import OUTCOMES, PERIODS, charts, dashboard_data
 from approvals.export import jsonl_line
 from approvals.models import ToolApproval, ToolRule
-from approvals.services.rules import policy_rules
+from approvals.services.rules import policy_rules, tool_names
 from approvals.templatetags.approvals_tags import edit_diff
 from studio.text import canonical_json, short
 
@@ -359,9 +359,19 @@ class ToolApprovalAdmin(admin.ModelAdmin):
 
 
 class ToolRuleForm(forms.ModelForm):
+    # A choice of the tools there are, not free text: "termnal" is refused, not saved.
+    tool = forms.ChoiceField(help_text="A tool, or * for any tool.")
+
     class Meta:
         model = ToolRule
         fields = ["tool", "pattern", "action", "note", "scope", "member", "conversation"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        names = sorted(set(tool_names()))
+        if self.instance.pk and self.instance.tool not in ("*", *names):
+            names.append(self.instance.tool)  # a rule for a tool since removed stays editable
+        self.fields["tool"].choices = [("*", "* (any tool)"), *((n, n) for n in names)]
 
     def clean(self):
         data = super().clean()
@@ -388,7 +398,7 @@ class ToolRuleAdmin(admin.ModelAdmin):
     list_filter = ["action", "scope", ("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["tool", "pattern", "note", "member__username"]
     list_select_related = ["member", "conversation"]
-    raw_id_fields = ["member", "conversation"]
+    autocomplete_fields = ["member", "conversation"]
     readonly_fields = [
         "hits",
         "last_hit_at",

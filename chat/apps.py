@@ -15,15 +15,16 @@ class ChatConfig(AppConfig):
     def ready(self) -> None:
         import chat.signals  # noqa: F401 - sockets re-check sessions on logout
         import studio.signals  # noqa: F401 - connects the SQLite permission guard
-        from approvals.services.rules import call_reader_install
+        from approvals.services.rules import call_reader_install, tool_names_install
         from approvals.signals import purge_requested
         from chat import engine, mcp, services
-        from chat.toolbox import call_reading
+        from chat.toolbox import call_reading, tool_names
         from chat.tools import sandbox
         from studio.runtime import runtime
 
         # Decisions read an edited call the way the run reads the model's.
         call_reader_install(call_reading)
+        tool_names_install(tool_names)
         rt = runtime()
         rt.inbox.register("run.cancel", engine.cancel_from_message)
         rt.services.append(engine.heartbeat)

@@ -51,6 +51,14 @@ def toolbox_for(
     )
 
 
+def tool_names() -> list[str]:
+    """Every tool a rule may name: the built-ins (configured or not) and the MCP tools."""
+    from chat.mcp import known_tool_names
+    from chat.tools import ALWAYS, web_search
+
+    return [*(tool.name for tool in (*ALWAYS, web_search.TOOL)), *known_tool_names()]
+
+
 def call_reading(tool_name: str, arguments: dict) -> tuple[str, Reading]:
     """How rules read a call: a built-in's own way (a command line as bash reads
     it), and any other tool's arguments as JSON, in one part."""

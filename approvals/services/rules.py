@@ -46,6 +46,20 @@ def call_reader_install(reader: CallReader) -> None:
     _reader[0] = reader
 
 
+# The names of the tools rules may name (the built-ins, the MCP servers'
+# tools as last listed): installed by the chat app like the reader above.
+_tool_names: list[Callable[[], list[str]]] = [list]
+
+
+def tool_names_install(names: Callable[[], list[str]]) -> None:
+    """Say which tools there are (``chat.apps``): a rule naming another is a typo."""
+    _tool_names[0] = names
+
+
+def tool_names() -> list[str]:
+    return _tool_names[0]()
+
+
 def call_read(*, tool_name: str, arguments: dict) -> tuple[str, Reading]:
     """The subject rules match for this call, and how they read it."""
     return _reader[0](tool_name, arguments)

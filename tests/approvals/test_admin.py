@@ -232,3 +232,30 @@ def test_the_tool_rules_admin_shows_the_environments_allow_rules(staff_client, s
     assert "STUDIO_AUTO_ALLOW_TOOLS (read-only): web_fetch" in page.content.decode()
     for label in ("Tool", "Pattern", "Action"):
         assert label in staff_client.get(reverse("admin:approvals_toolrule_add")).content.decode()
+
+
+def test_a_rule_names_a_tool_there_is_and_picks_its_member_by_search(staff_client, alice):
+    """Issue 37: "termnal" was saved, and Member and Conversation were raw id boxes."""
+    from chat.models import McpServer
+
+    McpServer.objects.create(name="files", command="x", tools=[{"name": "write"}], enabled=True)
+    add = reverse("admin:approvals_toolrule_add")
+    form = {"pattern": "", "action": "deny", "note": "", "scope": "everyone"}
+    typo = staff_client.post(add, {**form, "tool": "termnal"})
+    assert typo.status_code == 200 and "Select a valid choice" in typo.content.decode()
+    assert not ToolRule.objects.exists()
+    for tool in ("terminal", "*", "files__write", "web_search"):
+        assert staff_client.post(add, {**form, "tool": tool}).status_code == 302, tool
+    assert sorted(ToolRule.objects.values_list("tool", flat=True)) == [
+        "*",
+        "files__write",
+        "terminal",
+        "web_search",
+    ]
+    page = staff_client.get(add).content.decode()
+    assert 'name="member"' in page and "admin-autocomplete" in page
+    found = staff_client.get(
+        reverse("admin:autocomplete"),
+        {"term": "ali", "app_label": "approvals", "model_name": "toolrule", "field_name": "member"},
+    ).json()
+    assert [r["text"] for r in found["results"]] == ["alice"]

@@ -93,7 +93,7 @@ def test_always_allow_commands_starting_with_a_word(page, studio_server, member,
 def test_an_admin_deny_rule_blocks_without_a_card(page, studio_server, admin_member, artifacts):
     login(page, studio_server, "ada")
     page.goto(studio_server.url + "/admin/approvals/toolrule/add/")
-    page.fill("input[name=tool]", "terminal")
+    page.select_option("select[name=tool]", "terminal")  # a choice: no typos
     page.fill("input[name=pattern]", "rm -rf*")
     page.select_option("select[name=action]", "deny")
     page.fill("[name=note]", "Never delete recursively.")
