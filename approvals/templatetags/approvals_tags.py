@@ -70,15 +70,16 @@ def card_rights(context, approval):
 
 @register.filter
 def always_choices(approval) -> list[dict]:
-    """What "Always allow" offers for this call, the narrowest last."""
-    choices = [{"pattern": "", "label": f"{tool_label(approval.tool_name)} in this chat"}]
+    """What "Always allow" offers for this call, the narrowest first (and pre-selected)."""
+    choices = []
     subject = approval.subject or ""
     if approval.tool_name == "terminal" and subject.strip():
+        choices.append({"pattern": glob_escape(subject), "label": "this exact command"})
         # Word prefixes only for one plain command: a pattern never vouches
         # for what follows a ";" or a "&&", nor for a line it cannot read.
         argvs = read_command_line(subject).argvs or ()
         words = list(argvs[0]) if len(argvs) == 1 else []
-        for count in (1, 2):
+        for count in (2, 1):
             if len(words) > count or (count == 1 and words):
                 prefix = " ".join(words[:count])
                 choices.append(
@@ -87,13 +88,14 @@ def always_choices(approval) -> list[dict]:
                         "label": f"commands starting with “{prefix}”",
                     }
                 )
-        choices.append({"pattern": glob_escape(subject), "label": "this exact command"})
     elif approval.tool_name == "web_fetch" and subject.strip():
+        choices.append({"pattern": glob_escape(subject), "label": "this exact URL"})
         parts = urlsplit(subject)
         if parts.scheme and parts.netloc:
             site = f"{parts.scheme}://{parts.netloc}/"
             choices.append({"pattern": glob_escape(site) + "*", "label": f"this site ({site}…)"})
-        choices.append({"pattern": glob_escape(subject), "label": "this exact URL"})
+    label = tool_label(approval.tool_name)
+    choices.append({"pattern": "", "label": f"every {label} call in this chat, whatever it does"})
     return choices
 
 

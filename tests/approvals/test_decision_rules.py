@@ -312,3 +312,26 @@ def test_an_allow_rule_no_longer_runs_a_smuggled_command(conversation, alice, ro
     assert driver.wait_for(ToolFinished).result.startswith(REJECTION_TEXT)
     driver.finish()
     assert not (conversation.workspace / "PWNED.txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "patterns"),
+    [
+        ("rm -rf build", ["rm -rf build", "rm -rf *", "rm *", ""]),
+        ("ls", ["ls", "ls *", ""]),
+        ("ls $(id)", ["ls $(id)", ""]),  # a line no pattern can read: exact or the whole tool
+    ],
+)
+def test_always_allow_offers_the_narrowest_choice_first_and_selected(
+    conversation, alice, command, patterns
+):
+    """Issue 37: "Always allow…" pre-selected the whole tool, even for rm -rf build."""
+    import re
+
+    from approvals.services.decisions import card_render
+
+    html = card_render(command_card(conversation, command))
+    offered = re.findall(r'<input type="radio" name="pattern" value="([^"]*)"( checked)?', html)
+    assert [p for p, _ in offered] == patterns
+    assert [bool(c) for _, c in offered] == [True] + [False] * (len(patterns) - 1)
+    assert "every terminal call in this chat, whatever it does" in html
