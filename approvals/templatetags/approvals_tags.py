@@ -69,6 +69,19 @@ def card_rights(context, approval):
 
 
 @register.filter
+def call_name(approval) -> str:
+    """How a screen reader names the call: "python call", "files › write call"."""
+    return f"{tool_label(approval.tool_name)} call"
+
+
+@register.filter
+def call_summary(approval, limit: int = 80) -> str:
+    """The call in one short line: its command, URL or code, else its arguments."""
+    text = " ".join((approval.subject or json.dumps(approval.arguments)).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@register.filter
 def always_choices(approval) -> list[dict]:
     """What "Always allow" offers for this call, the narrowest first (and pre-selected)."""
     choices = []

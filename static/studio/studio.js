@@ -90,6 +90,94 @@
     }
   });
 
+  // Cards by keyboard and for screen readers: a new card takes focus (unless
+  // the member is typing), a/d/e decide the focused card, focus then moves to
+  // the next waiting card or back to the message box, and a live region says
+  // what came and what was decided.
+  var cardStates = null;
+  function say(text) {
+    var announcer = $("announcer");
+    if (!announcer) return;
+    announcer.textContent = "";
+    setTimeout(function () { announcer.textContent = text; }, 50);
+  }
+  function waitingCards() {
+    return Array.prototype.slice.call(
+      document.querySelectorAll('#transcript .tool-card[data-status="pending"]'));
+  }
+  function focusNext() {
+    var next = waitingCards()[0];
+    if (next) { next.focus(); return; }
+    var input = $("message-input");
+    if (input) input.focus();
+  }
+  function watchCards() {
+    if (!$("transcript")) return;
+    var states = {};
+    document.querySelectorAll("#transcript .tool-card[id]").forEach(function (card) {
+      states[card.id] = card.dataset.status;
+    });
+    if (cardStates === null) { cardStates = states; return; }  // the page as it loaded
+    var arrived = [];
+    Object.keys(states).forEach(function (id) {
+      var before = cardStates[id];
+      var card = $(id);
+      if (!before && states[id] === "pending") arrived.push(card);
+      if (before === "pending" && states[id] !== "pending") {
+        say(card.getAttribute("aria-label"));
+      }
+    });
+    cardStates = states;
+    if (arrived.length) {
+      say(arrived.length === 1 ? arrived[0].getAttribute("aria-label")
+        : arrived.length + " calls waiting for a decision");
+      var input = $("message-input");
+      var typing = input && document.activeElement === input && input.value.trim();
+      if (!typing) arrived[0].focus();
+    }
+    // Focus was in a card that is decided now (and swapped out): on to the
+    // next waiting card or the message box, never left on <body>.
+    // (htmx gives focus back to the element of the same id after a swap: the
+    // decided card itself.)
+    if (focusedCard && states[focusedCard] !== "pending") {
+      var active = document.activeElement;
+      var decided = $(focusedCard);
+      focusedCard = null;
+      if (!active || active === document.body || (decided && decided.contains(active))) {
+        focusNext();
+      }
+    }
+  }
+  var focusedCard = null;
+  document.addEventListener("focusin", function (evt) {
+    var card = evt.target && evt.target.closest && evt.target.closest(".tool-card[id]");
+    // (A decided card taking focus is htmx's swap giving it back: keep the mark.)
+    if (card && card.dataset.status === "pending") focusedCard = card.id;
+    else if (!card) focusedCard = null;
+  });
+  document.addEventListener("htmx:wsAfterMessage", watchCards);
+  document.addEventListener("htmx:afterSettle", watchCards);
+  document.addEventListener("DOMContentLoaded", watchCards);
+  document.addEventListener("keydown", function (evt) {
+    if (evt.ctrlKey || evt.metaKey || evt.altKey || evt.isComposing) return;
+    var t = evt.target;
+    if (!t || !t.closest || /^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName)) return;
+    var card = t.closest('.tool-card[data-status="pending"]');
+    if (!card) return;
+    var key = evt.key.toLowerCase();
+    var button = key === "a" ? card.querySelector("button[value=allow]")
+      : key === "d" ? card.querySelector("button[value=deny]") : null;
+    if (button) { evt.preventDefault(); button.click(); return; }
+    if (key === "e") {
+      var edit = card.querySelector("details.edit-menu");
+      if (!edit) return;
+      evt.preventDefault();
+      edit.open = true;
+      var field = edit.querySelector("textarea, input[type=text]");
+      if (field) field.focus();
+    }
+  });
+
   var lastSeq = "0";
   document.addEventListener("htmx:wsAfterMessage", function () {
     // The server acknowledges each message: clear the box only when it was

@@ -153,3 +153,45 @@ def test_a_message_over_the_limit_is_refused_with_the_limit_named_never_cut(
     page.fill("#message-input", "hello")
     page.press("#message-input", "Enter")
     page.locator("#transcript .msg-user").first.wait_for(timeout=TIMEOUT)
+
+
+def test_a_card_by_keyboard_and_for_a_screen_reader(page, studio_server, member):
+    """Issue 37: a new card takes focus, a/d/e decide it, focus never falls to <body>,
+    the card is a named region whose buttons name their call, and a live region speaks."""
+    start_chat(page, studio_server)
+    focused_card = "document.activeElement && document.activeElement.dataset.status === 'pending'"
+    ask(page, "run python: print(2 + 2)")
+    page.wait_for_function(focused_card, timeout=TIMEOUT)
+    card = pending_card(page)
+    assert card.get_attribute("role") == "region"
+    assert card.get_attribute("aria-label") == "python call waiting: print(2 + 2)"
+    allow = card.locator("button[value=allow]")
+    assert allow.get_attribute("aria-label") == "Allow the python call: print(2 + 2)"
+    assert allow.inner_text().split() == ["Allow", "a"]  # the key, shown on the button
+    announcer = page.locator("#announcer")
+    page.wait_for_function(
+        "document.getElementById('announcer').textContent.includes('waiting')", timeout=TIMEOUT
+    )
+    assert announcer.inner_text() == "python call waiting: print(2 + 2)"
+
+    page.keyboard.press("a")
+    page.locator(".tool-result pre", has_text=re.compile(r"^\s*4\s*$")).wait_for()
+    page.wait_for_function(
+        "document.activeElement && document.activeElement.id === 'message-input'",
+        timeout=TIMEOUT,
+    )
+    page.wait_for_function(
+        "document.getElementById('announcer').textContent === 'python call allowed: print(2 + 2)'",
+        timeout=TIMEOUT,
+    )
+
+    ask(page, "run python: print(3 + 3)")
+    page.wait_for_function(focused_card, timeout=TIMEOUT)
+    page.keyboard.press("d")
+    page.locator('[data-status="denied"]').first.wait_for()
+    ask(page, "run python: print(4 + 4)")
+    page.wait_for_function(focused_card, timeout=TIMEOUT)
+    page.keyboard.press("e")
+    editor = pending_card(page).locator("details.edit-menu textarea")
+    editor.wait_for()
+    assert page.evaluate("document.activeElement.tagName") == "TEXTAREA"
