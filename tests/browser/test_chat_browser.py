@@ -195,3 +195,29 @@ def test_a_card_by_keyboard_and_for_a_screen_reader(page, studio_server, member)
     editor = pending_card(page).locator("details.edit-menu textarea")
     editor.wait_for()
     assert page.evaluate("document.activeElement.tagName") == "TEXTAREA"
+
+
+def test_every_page_fits_a_phone_without_sideways_scroll(browser, studio_server, member):
+    """Issue 37: at 390 px the chat laid out 814 px wide; code and long words ran off-screen."""
+    context = browser.new_context(viewport={"width": 390, "height": 800})
+    page = context.new_page()
+    try:
+        page.goto(studio_server.url + "/accounts/login/")
+        pages = {"login": page.url}
+        start_chat(page, studio_server)
+        card_for(page, "run python: print('" + "x" * 300 + "')")
+        ask(page, "y" * 400)  # one long word from the member
+        pages.update(chat=page.url, index=studio_server.url + "/")
+        pages["inbox"] = studio_server.url + "/approvals/"
+        for name, url in pages.items():
+            if name != "login":
+                page.goto(url)
+            page.wait_for_load_state("load")
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, (name, width)
+        # The message box stays on screen.
+        page.goto(pages["chat"])
+        box = page.locator("#message-input").bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 390
+    finally:
+        context.close()
