@@ -127,6 +127,20 @@ def pretty_json(value) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
 
 
+def duration(seconds: float | None) -> str:
+    """Seconds as a person reads them: "54 ms", "3.2 s", "2 min 5 s", "3 h 10 min"."""
+    if seconds is None:
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
 # The states an audit row can be in, as people tell them apart: a call nobody
 # decided (timed out, cancelled, expired) is recorded as denied, never shown so.
 ENDED = (
@@ -198,9 +212,9 @@ class ToolApprovalAdmin(admin.ModelAdmin):
         ("The call", {"fields": ["tool_name", "arguments_pretty", "approved_pretty", "edits",
                                  "tool_hints", "subject"]}),
         ("The decision", {"fields": ["status", "reason", "why", "requested_by", "requested_at",
-                                     "decided_by", "reviewer", "decided_at", "decision_seconds",
+                                     "decided_by", "reviewer", "decided_at", "decision_time",
                                      "decided_ip", "decided_user_agent", "note", "rule"]}),
-        ("What it gave back", {"fields": ["run_seconds", "output_size", "output_sha256",
+        ("What it gave back", {"fields": ["run_time", "output_size", "output_sha256",
                                           "output"]}),
         ("In its conversation", {"fields": ["conversation", "context", "run_id",
                                             "tool_call_id"]}),
@@ -209,6 +223,8 @@ class ToolApprovalAdmin(admin.ModelAdmin):
             "rule_snapshot", "tool_schema", "waiter_inbox", "webhook_at", "webhook_result"]}),
     ]  # fmt: skip
     readonly_fields = [
+        "decision_time",
+        "run_time",
         "arguments_pretty",
         "approved_pretty",
         "edits",
@@ -223,6 +239,14 @@ class ToolApprovalAdmin(admin.ModelAdmin):
         css = {"all": ["studio/admin.css"]}
 
     # -- the list ------------------------------------------------------------------------
+
+    @admin.display(description="time to the decision")
+    def decision_time(self, obj: ToolApproval) -> str:
+        return duration(obj.decision_seconds)
+
+    @admin.display(description="run time")
+    def run_time(self, obj: ToolApproval) -> str:
+        return duration(obj.run_seconds)
 
     @admin.display(description="requested", ordering="requested_at")
     def when(self, obj: ToolApproval) -> str:

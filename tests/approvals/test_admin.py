@@ -259,3 +259,24 @@ def test_a_rule_names_a_tool_there_is_and_picks_its_member_by_search(staff_clien
         {"term": "ali", "app_label": "approvals", "model_name": "toolrule", "field_name": "member"},
     ).json()
     assert [r["text"] for r in found["results"]] == ["alice"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [(0.054619425999817395, "55 ms"), (3.24, "3.2 s"), (125, "2 min 5 s"), (11400, "3 h 10 min"),
+     (None, "—")],
+)  # fmt: skip
+def test_durations_read_in_units(seconds, said):
+    from approvals.admin import duration
+
+    assert duration(seconds) == said
+
+
+def test_the_detail_page_shows_durations_in_units(staff_client, rows):
+    allowed = rows[0]
+    ToolApproval.objects.filter(pk=allowed.pk).update(
+        decision_seconds=0.054619425999817395, run_seconds=3.24
+    )
+    page = staff_client.get(reverse("admin:approvals_toolapproval_change", args=[allowed.pk]))
+    html = page.content.decode()
+    assert "55 ms" in html and "3.2 s" in html and "0.0546" not in html
