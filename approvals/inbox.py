@@ -13,9 +13,15 @@ from django.template.loader import render_to_string
 from approvals.models import InboxPreference, ToolApproval, can_review
 
 
-def _waiting_for(user_pk: int, *, reviewer: bool):
-    """The pending approvals a member (a reviewer, if ``reviewer``) may decide."""
+def _waiting_for(user_pk: int, *, reviewer: bool, own_reviews: bool = True):
+    """The pending approvals a member (a reviewer, if ``reviewer``) may decide.
+
+    ``own_reviews``: also the member's own calls that wait for a reviewer
+    (listed in the inbox, where the member may deny them; not counted).
+    """
     mine = Q(conversation__owner_id=user_pk)
+    if not own_reviews:
+        mine &= Q(needs_review=False)
     if reviewer:
         mine |= Q(needs_review=True) & ~Q(requested_by_id=user_pk)
     return ToolApproval.objects.pending().filter(mine)
@@ -35,7 +41,9 @@ def inbox_queryset(user):
 def inbox_count(user) -> int:
     if user is None or not user.is_authenticated:
         return 0
-    return _waiting_for(user.pk, reviewer=can_review(user)).count()
+    # Only what this person can settle: their own call that waits for a
+    # reviewer waits on someone else.
+    return _waiting_for(user.pk, reviewer=can_review(user), own_reviews=False).count()
 
 
 def wants_notifications(user) -> bool:
@@ -57,7 +65,7 @@ def count_badge(count: int, *, oob: bool = True) -> str:
 def inbox_state(user) -> str:
     """What a socket sends on every connect: the count, and (inbox page) every entry."""
     entries = [entry_context(a, user) for a in inbox_queryset(user)]
-    return count_badge(len(entries)) + render_to_string(
+    return count_badge(inbox_count(user)) + render_to_string(
         "approvals/_inbox_list.html", {"entries": entries, "oob": True}
     )
 

@@ -71,6 +71,21 @@ def test_the_header_count_is_on_every_page_and_hidden_at_zero(alice, conversatio
     assert count_in(html) == 1 and "<title>(1) " in html
 
 
+def test_the_header_counts_only_the_calls_this_person_can_settle(alice):
+    """Issue 37: a member's own call waiting for a reviewer counted as theirs to decide."""
+    from approvals.inbox import inbox_count
+
+    reviewer = make_reviewer("rita")
+    conversation = make_conversation(alice)
+    make_approval(conversation, needs_review=True)  # waits for rita, not for alice
+    assert (inbox_count(alice), inbox_count(reviewer)) == (0, 1)
+    make_approval(conversation)  # alice's own decision to make
+    assert (inbox_count(alice), inbox_count(reviewer)) == (1, 1)
+    # Alice's inbox still lists her call that waits for a reviewer (she may deny it).
+    html = client_for(alice).get(reverse("approvals:inbox")).content.decode()
+    assert html.count('class="inbox-entry') == 2 and count_in(html) == 1
+
+
 def test_a_reviewer_sees_others_review_calls_with_the_buttons(alice):
     reviewer = make_reviewer("rita")
     conversation = make_conversation(alice, title="Prod")
