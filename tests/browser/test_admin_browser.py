@@ -87,3 +87,32 @@ def test_the_dashboard_draws_its_charts(page, studio_server, audit_rows, artifac
     page.locator("#approvals-dashboard[data-days='7']").wait_for()
     page.screenshot(path=str(artifacts / "52-dashboard-7-days.png"), full_page=True)
     assert errors == []
+
+
+@pytest.mark.parametrize("width", [1280, 1024])
+def test_the_approvals_list_fits_with_every_column(browser, studio_server, admin_member, width):
+    """Issue 37: clipped by 23 px at 1280, Reason and Conversation hidden at 1024."""
+    from django.contrib.auth import get_user_model
+
+    ada = get_user_model().objects.get(username="ada")
+    chat = make_conversation(ada, title="A rather long conversation title for the audit list")
+    for _ in range(5):
+        command = "ls -la /some/long/path/" * 3
+        make_approval(chat, tool_name="terminal", arguments={"command": command},
+                      subject=command, status="denied", reason="cancelled")  # fmt: skip
+    context = browser.new_context(viewport={"width": width, "height": 800})
+    page = context.new_page()
+    try:
+        login(page, studio_server, "ada")
+        page.goto(studio_server.url + "/admin/approvals/toolapproval/")
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        headers = page.locator("#result_list thead th")
+        names = [t.strip() for t in headers.all_inner_texts()]
+        assert names[-2:] == ["REASON", "CONVERSATION"], names
+        right = page.evaluate(
+            "Math.max(...Array.from(document.querySelectorAll('#result_list th, #result_list td'))"
+            ".map(c => c.getBoundingClientRect().right))"
+        )
+        assert right <= width, right
+    finally:
+        context.close()
