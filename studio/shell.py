@@ -126,37 +126,47 @@ def _plain(root: Node, line: str, source: bytes) -> list[tuple[str, ...]]:
         raise _NotPlain("it holds control characters")
     if "\\\n" in line:
         raise _NotPlain("a backslash continues a line")
-    argvs: list[tuple[str, ...]] = []
     _gaps(root, source, allowed=b" \t\n")
+    statements = []
     for child in root.children:
         if child.type == "comment":
             before = source[: child.start_byte].rsplit(b"\n", 1)[-1]
             if before.strip(b" \t"):
                 raise _NotPlain("a # starts a comment after a command")
-        elif child.type in _SEPARATORS:
+        elif child.type not in _SEPARATORS:
+            statements.append(child)
+    return _statements(statements, source)
+
+
+def _statements(nodes: list[Node], source: bytes) -> list[tuple[str, ...]]:
+    """The argv of each simple command in ``nodes``, in order; raises ``_NotPlain``.
+
+    A loop, not recursion: ``a && a && …`` nests a list per operator, and a
+    model may send thousands.
+    """
+    argvs: list[tuple[str, ...]] = []
+    stack = list(reversed(nodes))
+    while stack:
+        node = stack.pop()
+        if node.type == "command":
+            argvs.append(_command(node, source))
             continue
+        if node.type == "list":
+            joints = ("&&", "||")
+        elif node.type == "pipeline":
+            joints = ("|",)
         else:
-            _statement(child, source, argvs)
+            raise _NotPlain(_describe(node))
+        _gaps(node, source, allowed=b" \t\n")
+        parts = []
+        for child in node.children:
+            if child.type in joints:
+                continue
+            if child.type in ("&&", "||", "|", "|&"):
+                raise _NotPlain(f"it joins commands with {child.type}")
+            parts.append(child)
+        stack.extend(reversed(parts))
     return argvs
-
-
-def _statement(node: Node, source: bytes, argvs: list[tuple[str, ...]]) -> None:
-    if node.type == "command":
-        argvs.append(_command(node, source))
-        return
-    if node.type == "list":
-        joints = ("&&", "||")
-    elif node.type == "pipeline":
-        joints = ("|",)
-    else:
-        raise _NotPlain(_describe(node))
-    _gaps(node, source, allowed=b" \t\n")
-    for child in node.children:
-        if child.type in joints:
-            continue
-        if child.type in ("&&", "||", "|", "|&"):
-            raise _NotPlain(f"it joins commands with {child.type}")
-        _statement(child, source, argvs)
 
 
 def _command(node: Node, source: bytes) -> tuple[str, ...]:

@@ -115,3 +115,11 @@ def test_deny_rules_see_nested_commands(line, seen):
 
 def test_a_whole_subject_is_one_part():
     assert Reading.whole("https://x/") == Reading(plain=("https://x/",), seen=("https://x/",))
+
+
+def test_thousands_of_joined_commands_are_read_not_a_crash():
+    """``a && a && …`` nests one list per operator: a model may send thousands."""
+    reading = read_command_line("ls && " * 20_000 + "rm -rf x")
+    assert len(reading.plain) == 20_001 and "rm -rf x" in reading.seen
+    deep = read_command_line("echo " + "$(" * 2_000 + "rm x" + ")" * 2_000)
+    assert deep.plain is None and "rm x" in deep.seen
