@@ -127,15 +127,15 @@ def _plain(root: Node, line: str, source: bytes) -> list[tuple[str, ...]]:
     if "\\\n" in line:
         raise _NotPlain("a backslash continues a line")
     _gaps(root, source, allowed=b" \t\n")
-    statements = []
+    argvs: list[tuple[str, ...]] = []
     for child in root.children:
         if child.type == "comment":
             before = source[: child.start_byte].rsplit(b"\n", 1)[-1]
             if before.strip(b" \t"):
                 raise _NotPlain("a # starts a comment after a command")
         elif child.type not in _SEPARATORS:
-            statements.append(child)
-    return _statements(statements, source)
+            argvs.extend(_statements([child], source))
+    return argvs
 
 
 def _statements(nodes: list[Node], source: bytes) -> list[tuple[str, ...]]:
