@@ -221,4 +221,4 @@ def test_the_detail_page_shows_the_context(conversation, alice, admin_user):
     )
     assert "I will print the accent." in html  # the message that asked
     assert "&quot;code&quot;: &quot;print(2)&quot;" in html  # approved, pretty-printed
-    assert "2001:db8::1" in html and "curl/8" in html and "5.25" in html
+    assert "2001:db8::1" in html and "curl/8" in html and "5.2 s" in html  # in units
