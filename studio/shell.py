@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
@@ -86,6 +86,9 @@ class _NotPlain(Exception):
     """The line holds something no pattern can vouch for (the message says what)."""
 
 
+# The run's plan, the decision's second look and the card all read the same
+# line: read once (a few lines at a time, however long they are).
+@lru_cache(maxsize=32)
 def read_command_line(line: str, *, depth: int = 0) -> Reading:
     """Read ``line`` as bash does: its plain commands, or why not, and all it runs."""
     source = line.encode("utf-8", "surrogatepass")
@@ -122,7 +125,7 @@ def _plain(root: Node, line: str, source: bytes) -> list[tuple[str, ...]]:
     """The argv of each simple command of a plain line; raises ``_NotPlain``."""
     if root.has_error:
         raise _NotPlain("bash would not read it the way Studio does (a syntax error)")
-    if _CONTROL.search(line) or "\r" in line:
+    if _CONTROL.search(line):
         raise _NotPlain("it holds control characters")
     if "\\\n" in line:
         raise _NotPlain("a backslash continues a line")
@@ -134,18 +137,18 @@ def _plain(root: Node, line: str, source: bytes) -> list[tuple[str, ...]]:
             if before.strip(b" \t"):
                 raise _NotPlain("a # starts a comment after a command")
         elif child.type not in _SEPARATORS:
-            argvs.extend(_statements([child], source))
+            argvs.extend(_statement(child, source))
     return argvs
 
 
-def _statements(nodes: list[Node], source: bytes) -> list[tuple[str, ...]]:
-    """The argv of each simple command in ``nodes``, in order; raises ``_NotPlain``.
+def _statement(statement: Node, source: bytes) -> list[tuple[str, ...]]:
+    """The argv of each simple command of one statement, in order; raises ``_NotPlain``.
 
     A loop, not recursion: ``a && a && …`` nests a list per operator, and a
     model may send thousands.
     """
     argvs: list[tuple[str, ...]] = []
-    stack = list(reversed(nodes))
+    stack = [statement]
     while stack:
         node = stack.pop()
         if node.type == "command":
@@ -186,12 +189,20 @@ def _command(node: Node, source: bytes) -> tuple[str, ...]:
             words.append(_literal(child, source))
     if not words:
         raise _NotPlain("a command has no name")
-    program = words[0].rsplit("/", 1)[-1]
-    if program in RUNNERS:
-        raise _NotPlain(f"{program} runs other commands")
-    if program == "find" and FIND_RUNS.intersection(words[1:]):
-        raise _NotPlain("find runs other commands")
+    if _runs_others(words):
+        raise _NotPlain(f"{_program(words)} runs other commands")
     return tuple(words)
+
+
+def _program(words: list[str]) -> str:
+    """The command's program, by its name whatever the path: ``/usr/bin/env`` is env."""
+    return words[0].rsplit("/", 1)[-1]
+
+
+def _runs_others(words: list[str]) -> bool:
+    """The command starts commands of its own (sudo, xargs, find -exec, …)."""
+    program = _program(words)
+    return program in RUNNERS or (program == "find" and bool(FIND_RUNS.intersection(words)))
 
 
 def _literal(node: Node, source: bytes) -> str:
@@ -280,20 +291,17 @@ def _seen_in(command: Node, source: bytes, depth: int) -> list[str]:
     """One simple command as Deny rules see it, and what it runs in turn."""
     words: list[str] = []
     for child in command.children:
-        if child.type in ("command_name", "variable_assignment"):
-            if child.type == "variable_assignment":
-                continue
-            child = child.children[0] if child.children else child
-        elif child.type.endswith("redirect"):
+        if child.type == "variable_assignment" or child.type.endswith("redirect"):
             continue
+        if child.type == "command_name" and child.children:
+            child = child.children[0]
         words.append(_best_effort(child, source))
-    raw = command.text.decode("utf-8", "surrogatepass")
-    pieces = [raw]
+    pieces = [command.text.decode("utf-8", "surrogatepass")]
     if not words:
         return pieces
     pieces.append(" ".join(words))
-    program = words[0].rsplit("/", 1)[-1]
-    if program in RUNNERS or (program == "find" and FIND_RUNS.intersection(words)):
+    program = _program(words)
+    if _runs_others(words):
         # What it starts is somewhere in its tail: every tail is a command.
         pieces.extend(" ".join(words[i:]) for i in range(1, len(words)))
     if depth < MAX_DEPTH:
