@@ -228,18 +228,10 @@ def approval_decide(
             return _to_review(approval, verdict, changes)
     now = timezone.now()
     changes.update(_audit_fields(approval, now, client))
-    # The row as this decision read it: what it checked (who decides it, what
-    # would run) must still hold when the update lands.
-    where = {
-        "pk": approval.pk,
-        "status": Status.PENDING,
-        "needs_review": approval.needs_review,
-        "approved_sha256": approval.approved_sha256,
-    }
     # One conditional UPDATE is atomic by itself: only an Always allow, whose
     # rule must commit with the decision, needs a transaction around it.
     with transaction.atomic() if decision == "always" else contextlib.nullcontext():
-        updated = ToolApproval.objects.filter(**where).update(
+        updated = _still_as_read(approval).update(
             status=status, reason=reason, decided_by=user, decided_at=now, note=note, **changes
         )
         if updated and decision == "always":
@@ -263,6 +255,17 @@ def approval_decide(
     result = DecideResult(resolved=True, approval=approval)
     transaction.on_commit(lambda: _decided(result))
     return result
+
+
+def _still_as_read(approval: ToolApproval):
+    """The row, while still pending and as this decision read it: what the
+    decision checked (who decides it, what would run) holds when it lands."""
+    return ToolApproval.objects.filter(
+        pk=approval.pk,
+        status=Status.PENDING,
+        needs_review=approval.needs_review,
+        approved_sha256=approval.approved_sha256,
+    )
 
 
 def _unchanged(approval: ToolApproval) -> DecideResult:
@@ -296,12 +299,7 @@ def _to_review(approval: ToolApproval, verdict: Verdict, changes: dict) -> Decid
     values = {"needs_review": True, **changes}
     if rule is not None:
         values.update(rule=rule if rule.pk else None, rule_snapshot=rule.snapshot())
-    updated = ToolApproval.objects.filter(
-        pk=approval.pk,
-        status=Status.PENDING,
-        needs_review=approval.needs_review,
-        approved_sha256=approval.approved_sha256,
-    ).update(**values)
+    updated = _still_as_read(approval).update(**values)
     if not updated:
         return _unchanged(approval)
     rule_hit(rule)

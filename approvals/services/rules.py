@@ -141,7 +141,7 @@ def _verdict(
         if guards:
             return Verdict(Action.ASK)
     allows = [r for r in rules if r.action == Action.ALLOW]
-    rule = next((r for r in allows if not r.pattern or r.pattern == glob_escape(subject)), None)
+    rule = next((r for r in allows if _allows_outright(r, subject)), None)
     if rule is None and reading.plain:
         # Each command of the line must be allowed, each by some rule.
         covering = [
@@ -160,9 +160,14 @@ def speaks_for(rule: ToolRule, tool_name: str, subject: str, reading: Reading) -
     pattern, this exact subject, or a part of a subject read in full."""
     if rule.tool not in ("*", tool_name):
         return False
-    if not rule.pattern or rule.pattern == glob_escape(subject):
+    if _allows_outright(rule, subject):
         return True
     return any(glob_match(p, rule.pattern) for p in reading.plain or ())
+
+
+def _allows_outright(rule: ToolRule, subject: str) -> bool:
+    """No pattern (the whole tool), or the exact subject: read or not, it is allowed."""
+    return not rule.pattern or rule.pattern == glob_escape(subject)
 
 
 def _by(rule: ToolRule) -> Verdict:

@@ -117,9 +117,11 @@ def keep(workspace: Path, images: list[Produced]) -> list[Produced]:
 
 def store(*, workspace: Path, name: str, data: bytes) -> str:
     """Save ``data`` as an image of ``workspace`` in the default storage; returns its key."""
-    key = f"{secrets.token_urlsafe(9)}/{PurePosixPath(name).name}"
-    default_storage.save(storage_name(workspace.name, key), ContentFile(data))
-    return key
+    wanted = storage_name(workspace.name, f"{secrets.token_urlsafe(9)}/{PurePosixPath(name).name}")
+    # A storage may save under another name than the one asked for (a name
+    # taken, another backend's rules): the key is the name it saved under.
+    saved = default_storage.save(wanted, ContentFile(data))
+    return saved.removeprefix(storage_name(workspace.name, ""))
 
 
 def storage_name(folder: str, key: str) -> str:

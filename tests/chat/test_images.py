@@ -227,3 +227,12 @@ def test_an_odd_file_is_not_copied(tmp_path, odd):
         (tmp_path / "odd.png").mkdir()
     assert read_beneath(tmp_path, name, limit=100) is None
     assert read_beneath(tmp_path, "ok.png", limit=100) == b"x" * 10
+
+
+def test_an_image_with_a_space_in_its_name_is_served_from_its_copy(settings, conversation, alice):
+    result = python(PNG.replace("'dot.png'", "'my plot.png'"), workspace_of(settings, conversation))
+    (image,) = result.images
+    assert image["name"] == "my plot.png"
+    response = get(alice, conversation, image["key"])
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content).startswith(b"\x89PNG")
