@@ -594,7 +594,9 @@ def run_sandboxed(
     check_available()
     limits = limits or default_limits()
     prepare_workspace(workspace)
-    used = workspace_usage(workspace, stop_above=limits.workspace_bytes)
+    # All of it, not only up to the quota: the watch lets a workspace already
+    # over it shrink, not grow.
+    used = workspace_usage(workspace)
     # No single file may grow past what is left of the quota; over it, the
     # call can still read and delete, not grow anything.
     file_bytes = max(0, min(limits.file_bytes, limits.workspace_bytes - used))
@@ -631,6 +633,7 @@ def run_sandboxed(
             stdin=stdin,
             limits=limits,
             cgroup=cgroup,
+            used=used,
         )
     finally:
         if filter_fd is not None:
@@ -668,6 +671,7 @@ def _run(
     stdin: str | None,
     limits: Limits,
     cgroup: CallCgroup | None,
+    used: int,
     pass_fds: tuple[int, ...] = (),
 ) -> SandboxResult:
     proc = subprocess.Popen(  # noqa: S603 - argv is built here, never a shell string
@@ -705,7 +709,7 @@ def _run(
             pass
 
     deadline = time.monotonic() + timeout
-    quota = _QuotaWatch(workspace, limits.workspace_bytes)
+    quota = _QuotaWatch(workspace, limits.workspace_bytes, used=used)
     timed_out = cancelled = over_quota = False
     while True:
         try:
@@ -744,9 +748,9 @@ def _run(
 class _QuotaWatch:
     """When to look at a running call's workspace, and whether it passed its quota."""
 
-    def __init__(self, workspace: Path, quota: int) -> None:
+    def __init__(self, workspace: Path, quota: int, *, used: int) -> None:
         self.workspace = workspace
-        self.used = workspace_usage(workspace)
+        self.used = used
         # A workspace already over it (by the last call's slack) may shrink, not grow.
         self.quota = max(quota, self.used)
         self.rate = QUOTA_RATE
