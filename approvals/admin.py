@@ -14,7 +14,7 @@ from django.utils.html import format_html
 
 from approvals.dashboard import OUTCOMES, PERIODS, charts, dashboard_data
 from approvals.export import jsonl_line
-from approvals.models import ToolApproval, ToolRule
+from approvals.models import ENDED_REASONS, ToolApproval, ToolRule
 from approvals.services.rules import policy_rules, tool_names
 from approvals.templatetags.approvals_tags import edit_diff
 from studio.text import canonical_json, short
@@ -141,18 +141,9 @@ def duration(seconds: float | None) -> str:
     return f"{minutes // 60} h {minutes % 60} min"
 
 
-# The states an audit row can be in, as people tell them apart: a call nobody
-# decided (timed out, cancelled, expired) is recorded as denied, never shown so.
-ENDED = (
-    ToolApproval.Reason.TIMEOUT,
-    ToolApproval.Reason.CANCELLED,
-    ToolApproval.Reason.EXPIRED,
-)
-
-
 def state_of(approval: ToolApproval) -> tuple[str, str]:
     """(key, label) of the row's state: its status, or how it ended without a decision."""
-    if approval.reason in ENDED:
+    if approval.reason in ENDED_REASONS:
         return approval.reason, approval.get_reason_display()
     return approval.status, approval.get_status_display()
 
@@ -166,15 +157,15 @@ class StateFilter(admin.SimpleListFilter):
             (ToolApproval.Status.PENDING, "Pending"),
             (ToolApproval.Status.ALLOWED, "Allowed"),
             (ToolApproval.Status.DENIED, "Denied"),
-            *((reason, ToolApproval.Reason(reason).label) for reason in ENDED),
+            *((reason, ToolApproval.Reason(reason).label) for reason in ENDED_REASONS),
         ]
 
     def queryset(self, request, queryset):
         value = self.value()
-        if value in ENDED:
+        if value in ENDED_REASONS:
             return queryset.filter(reason=value)
         if value == ToolApproval.Status.DENIED:
-            return queryset.filter(status=value).exclude(reason__in=ENDED)
+            return queryset.filter(status=value).exclude(reason__in=ENDED_REASONS)
         if value in (ToolApproval.Status.PENDING, ToolApproval.Status.ALLOWED):
             return queryset.filter(status=value)
         return queryset

@@ -19,7 +19,7 @@ from django.db.models.functions import Ceil, RowNumber, TruncDate
 from django.utils import timezone
 from pygal.style import Style
 
-from approvals.models import ToolApproval, ToolRule
+from approvals.models import ENDED_REASONS, ToolApproval, ToolRule
 from studio.text import short
 
 Status = ToolApproval.Status
@@ -31,7 +31,6 @@ MAX_TOOLS = 12  # tools in the per-tool charts (the busiest)
 
 PERSON = (Reason.USER, Reason.EDITED, Reason.ALWAYS_ALLOW)
 AUTOMATIC = (Reason.RULE, Reason.POLICY, Reason.CONFIRM_OFF)
-ENDED = (Reason.TIMEOUT, Reason.CANCELLED, Reason.EXPIRED)
 
 # Outcome of a decided call -> (label, condition)
 OUTCOMES = {
@@ -41,7 +40,7 @@ OUTCOMES = {
         "Denied (person or rule)",
         Q(status=Status.DENIED, reason__in=(Reason.USER, Reason.RULE)),
     ),
-    "ended": ("Timed out, cancelled or expired", Q(reason__in=ENDED)),
+    "ended": ("Timed out, cancelled or expired", Q(reason__in=ENDED_REASONS)),
 }
 
 

@@ -223,7 +223,7 @@ class ToolApproval(models.Model):
         and a rule, the member's switch and the admin's policy are told apart."""
         if self.status == self.Status.PENDING:
             return "Waiting for a reviewer" if self.needs_review else "Waiting for your decision"
-        if self.reason in (self.Reason.TIMEOUT, self.Reason.CANCELLED, self.Reason.EXPIRED):
+        if self.reason in ENDED_REASONS:
             return self.get_reason_display()
         if self.status == self.Status.ALLOWED:
             return {
@@ -262,6 +262,14 @@ class ToolApproval(models.Model):
         if self.needs_review and self.decided_by_id not in (None, self.requested_by_id):
             return self.decided_by
         return None
+
+
+# A call that ended without anyone's decision: recorded as denied, never a deny.
+ENDED_REASONS = (
+    ToolApproval.Reason.TIMEOUT,
+    ToolApproval.Reason.CANCELLED,
+    ToolApproval.Reason.EXPIRED,
+)
 
 
 class RuleQuerySet(models.QuerySet):
