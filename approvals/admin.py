@@ -211,7 +211,8 @@ class ToolApprovalAdmin(admin.ModelAdmin):
                                             "tool_call_id"]}),
         ("Record", {"classes": ["collapse"], "fields": [
             "approval_id", "arguments_sha256", "approved_sha256", "needs_review",
-            "rule_snapshot", "tool_schema", "waiter_inbox", "webhook_at", "webhook_result"]}),
+            "rule_snapshot", "tool_schema", "expires_at", "started_at", "webhook_at",
+            "webhook_result"]}),
     ]  # fmt: skip
     readonly_fields = [
         "decision_time",

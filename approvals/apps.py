@@ -8,11 +8,7 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from approvals.services.waiting import approval_poll_waiters, wake_from_message
         from approvals.webhook import webhook_loop
         from studio.runtime import runtime
 
-        rt = runtime()
-        rt.inbox.register("approval.decided", wake_from_message)
-        rt.inbox.poll = approval_poll_waiters
-        rt.services.append(webhook_loop)
+        runtime().services.append(webhook_loop)

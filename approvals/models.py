@@ -140,9 +140,11 @@ class ToolApproval(models.Model):
     note = models.TextField(blank=True)
     requested_at = models.DateTimeField(default=timezone.now)
     decided_at = models.DateTimeField(null=True, blank=True)
-    # The channel-layer inbox of the process whose run waits on this row;
-    # a decision made in another process is sent there.
-    waiter_inbox = models.CharField(max_length=200, blank=True)
+    # A pending call left undecided until then ends as a timeout.
+    expires_at = models.DateTimeField(null=True, blank=True)
+    # When an allowed call began to run: set once, before it starts, so a
+    # call found started with no result after a crash is never run again.
+    started_at = models.DateTimeField(null=True, blank=True)
     # STUDIO_APPROVAL_WEBHOOK_URL: when a process claimed the one POST for this
     # row (a conditional update: one claim across processes), and how it went.
     webhook_at = models.DateTimeField(null=True, blank=True)
@@ -174,6 +176,10 @@ class ToolApproval(models.Model):
             ),
             # Page render and WebSocket catch-up: a conversation's cards.
             models.Index(fields=["conversation", "status"], name="appr_conv_status"),
+            # The sweep: pending calls whose time is up.
+            models.Index(
+                fields=["expires_at"], condition=Q(status="pending"), name="appr_pending_expiry"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.dispatch import Signal
 
-# Sent by ``manage.py purge_approvals`` before it expires and deletes rows,
-# with ``dry_run`` and ``report`` (a list each receiver appends a line to).
-# Chat answers it by retiring the runs of dead server processes.
-purge_requested = Signal()
+# Sent after commit whenever pending calls leave "pending" (a decision, a
+# timeout, a Stop, an expiry), with ``run_ids``: the runs that may go on.
+# Chat answers it by resuming those runs in this process.
+calls_settled = Signal()

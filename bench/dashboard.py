@@ -30,7 +30,7 @@ POSTGRES = """
 INSERT INTO approvals_toolapproval (
   approval_id, conversation_id, run_id, requested_by_id, tool_name, tool_hints, tool_call_id,
   tool_schema, arguments, arguments_sha256, subject, approved_sha256, status, reason,
-  decided_by_id, note, requested_at, decided_at, waiter_inbox, needs_review, webhook_result,
+  decided_by_id, note, requested_at, decided_at, needs_review, webhook_result,
   decision_seconds, output_summary, output_sha256, decided_user_agent, rule_id)
 SELECT 'b' || g, %(conversation)s, '', %(user)s, (%(tools)s)[1 + g %% 6], '[]', '',
   '{}', '{}', md5(g::text) || md5(g::text), 'cmd ' || (g %% 997), '',
@@ -39,7 +39,7 @@ SELECT 'b' || g, %(conversation)s, '', %(user)s, (%(tools)s)[1 + g %% 6], '[]', 
   CASE WHEN r < .55 THEN 'user' WHEN r < .80 THEN 'rule' WHEN r < .92 THEN 'user'
        WHEN r < .97 THEN 'timeout' ELSE '' END,
   CASE WHEN r < .55 OR (r >= .80 AND r < .92) THEN %(user)s END, '', t,
-  CASE WHEN r < .97 THEN t + interval '30 seconds' END, '', false, '',
+  CASE WHEN r < .97 THEN t + interval '30 seconds' END, false, '',
   CASE WHEN r < .55 OR (r >= .80 AND r < .92) THEN (g %% 600) / 10.0 END, '', '', '',
   CASE WHEN r >= .55 AND r < .80 THEN %(rule)s END
 FROM (SELECT g, random() AS r,
@@ -51,7 +51,7 @@ SQLITE = """
 INSERT INTO approvals_toolapproval (
   approval_id, conversation_id, run_id, requested_by_id, tool_name, tool_hints, tool_call_id,
   tool_schema, arguments, arguments_sha256, subject, approved_sha256, status, reason,
-  decided_by_id, note, requested_at, decided_at, waiter_inbox, needs_review, webhook_result,
+  decided_by_id, note, requested_at, decided_at, needs_review, webhook_result,
   decision_seconds, output_summary, output_sha256, decided_user_agent, rule_id)
 WITH RECURSIVE s(g) AS (SELECT 1 UNION ALL SELECT g + 1 FROM s WHERE g < %(rows)s),
      v AS (SELECT g, (abs(random()) %% 1000) / 1000.0 AS r,
@@ -65,7 +65,7 @@ SELECT 'b' || g, %(conversation)s, '', %(user)s,
   CASE WHEN r < .55 THEN 'user' WHEN r < .80 THEN 'rule' WHEN r < .92 THEN 'user'
        WHEN r < .97 THEN 'timeout' ELSE '' END,
   CASE WHEN r < .55 OR (r >= .80 AND r < .92) THEN %(user)s END, '', t,
-  CASE WHEN r < .97 THEN datetime(t, '+30 seconds') END, '', 0, '',
+  CASE WHEN r < .97 THEN datetime(t, '+30 seconds') END, 0, '',
   CASE WHEN r < .55 OR (r >= .80 AND r < .92) THEN (g %% 600) / 10.0 END, '', '', '',
   CASE WHEN r >= .55 AND r < .80 THEN %(rule)s END
 FROM v

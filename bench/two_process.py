@@ -2,10 +2,11 @@
 
 The WebSocket on process A, the decision POST on process B: cross-process
 round trip (decision POST -> tool_end fragment on A), Redis client
-connections per process (must stay constant), then 1000 parked runs across
-the two processes, each decided through the other one: all resolved, no
-channel-layer message dropped (the outbox logs each one it drops: a full
-channel on the core layer, a failed send on the Pub/Sub layer).
+connections per process (must stay constant). Then the restart: 1000 runs
+waiting, half started on each process; both processes restarted, one after
+the other (SIGTERM, then a successor on a new port); all 1000 decided through
+either new process. Reported: each call's own output, no tool run twice, the
+drain, and the processes' memory with the runs waiting.
 
     .venv/bin/python bench/two_process.py --approvals 300 --parked 1000
 """
@@ -83,7 +84,7 @@ def main() -> None:
     from chat.models import Message, Run
 
     user, session = harness.make_member()
-    env = harness.server_env(STUDIO_AGENT_WORKERS=str(args.parked // 2 + 100))
+    env = harness.server_env()
     logs = [harness.ROOT / "bench" / f".bench-two-{name}.log" for name in "ab"]
     for log in logs:
         log.unlink(missing_ok=True)
@@ -110,10 +111,11 @@ def main() -> None:
             harness.summary_ms(latencies),
         )
 
-        # -- parked runs across both processes -------------------------------------
+        # -- the restart: waiting runs across both processes ----------------------
         ToolApproval.objects.all().delete()
         Run.objects.all().delete()
         half = args.parked // 2
+        rss_idle = (harness.rss_kb(a.pid), harness.rss_kb(b.pid))
         plan = [
             (a if i < half else b, harness.make_conversation(user).pk) for i in range(args.parked)
         ]
@@ -128,31 +130,34 @@ def main() -> None:
         with ThreadPoolExecutor(8) as pool:
             assert set(pool.map(send, plan)) == {302}
         deadline = time.monotonic() + 600
-        while ToolApproval.objects.pending().count() < args.parked:
-            assert time.monotonic() < deadline, "runs did not park"
+        while (
+            Run.objects.filter(status="running").exclude(waiting_on="").filter(owner="").count()
+            < args.parked
+        ):
+            assert time.monotonic() < deadline, "runs did not come to wait"
             time.sleep(0.1)
         park_s = time.monotonic() - t_park
-        conns["while parked"] = (redis_connections(a.pid), redis_connections(b.pid))
         rss = (harness.rss_kb(a.pid), harness.rss_kb(b.pid))
         thr = (harness.threads(a.pid), harness.threads(b.pid))
 
-        # Each decision goes to the process that does NOT host the run.
-        host = {str(r.pk): r.inbox for r in Run.objects.filter(status="running")}
-        inbox_a = (
-            Run.objects.filter(conversation_id=plan[0][1]).values_list("inbox", flat=True).first()
-        )
-        pending = list(ToolApproval.objects.pending().values_list("approval_id", "run_id"))
+        t_restart = time.monotonic()
+        a.stop()
+        a = DaphneProcess(env=env, app="bench.asgi:application", log_path=logs[0]).start()
+        b.stop()
+        b = DaphneProcess(env=env, app="bench.asgi:application", log_path=logs[1]).start()
+        restart_s = time.monotonic() - t_restart
+        still = ToolApproval.objects.pending().count()
+        pending = list(ToolApproval.objects.pending().values_list("approval_id", flat=True))
 
         def decide(item) -> int:
-            approval_id, run_id = item
-            other = b if host[run_id] == inbox_a else a
+            n, approval_id = item
             return http.post(
-                other, f"/approvals/{approval_id}/decide/", {"decision": "allow"}
+                (a, b)[n % 2], f"/approvals/{approval_id}/decide/", {"decision": "allow"}
             ).status_code
 
         t0 = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
-            codes = list(pool.map(decide, pending))
+            codes = list(pool.map(decide, enumerate(pending)))
         posted = time.monotonic() - t0
         cids = [cid for _, cid in plan]
         while Run.objects.filter(status="done", conversation_id__in=cids).count() < args.parked:
@@ -160,21 +165,27 @@ def main() -> None:
             time.sleep(0.05)
         drain = time.monotonic() - t0
         conns["after drain"] = (redis_connections(a.pid), redis_connections(b.pid))
-        results = dict(
+        outputs = list(
             Message.objects.filter(role="tool", conversation_id__in=cids).values_list(
                 "conversation_id", "content"
             )
         )
+        results = dict(outputs)
         correct = sum(results.get(cid) == f"parked-{cid}" for cid in cids)
-        dropped = sum(log.read_text().count("dropped") for log in logs)
+        twice = len(outputs) - len(results)
         print(
-            f"{args.parked} parked runs ({half} per process): parked in {park_s:.1f} s; "
-            f"RSS A/B {rss[0] // 1024}/{rss[1] // 1024} MB; threads A/B {thr[0]}/{thr[1]}"
+            f"{args.parked} waiting runs ({half} started per process) in {park_s:.1f} s; "
+            f"threads A/B {thr[0]}/{thr[1]}; RSS A/B {rss[0] // 1024}/{rss[1] // 1024} MB, "
+            f"{(sum(rss) - sum(rss_idle)) / args.parked:.1f} KB per waiting run over idle"
         )
         print(
-            f"  decisions through the other process: {codes.count(200)} x 200 of {len(codes)} "
-            f"in {posted:.1f} s; drain {drain:.1f} s; correct results {correct}/{args.parked}; "
-            f"layer messages dropped (outbox log): {dropped}"
+            f"  rolling restart of both processes in {restart_s:.1f} s; still pending after it: "
+            f"{still}/{args.parked}"
+        )
+        print(
+            f"  decisions through either new process: {codes.count(200)} x 200 of {len(codes)} "
+            f"in {posted:.1f} s; drain {drain:.1f} s; own output {correct}/{args.parked}; "
+            f"tools run twice: {twice}"
         )
         print(
             "Redis client connections per process (A, B):",

@@ -1,23 +1,26 @@
-"""The agent loop: model turns, tool calls, every gated call through the gate.
+"""The agent loop: model turns, tool calls, every gated call through the rules.
 
-``Agent.events()`` is a plain synchronous generator. The engine steps it on
-a worker thread; it yields the run's events (``chat.events``) and writes the
-transcript to Message rows as it goes. For each tool call, in this order:
+``Agent.events()`` is one *step* of a run, a plain synchronous generator. The
+engine runs it on a worker thread; it yields the run's events
+(``chat.events``) and writes everything to rows as it goes: the transcript
+to Message rows, each call to its ToolApproval row. A step starts from where
+the rows say the run is, so any process can take the next one. For each
+tool call, in this order:
 
 1. not enabled for this request (or unknown)  -> error result, no prompt, no row;
 2. the exact call already ran without error    -> "already made" nudge, no prompt;
-3. confirmation off, a grant, or admin policy  -> runs without prompt (row recorded);
-4. otherwise: the approval row is created and the waiter registered *before*
-   ``ToolStarted`` is yielded; then the run yields ``Park`` until a decision,
-   and the engine gives the thread back meanwhile.
+3. confirmation off, a rule, or admin policy   -> runs (or is blocked) without a prompt;
+4. otherwise: the pending row is written *before* ``ToolStarted`` is yielded;
+   the step yields ``Wait`` and ends. The run is then only rows until a
+   decision, a timeout or Stop lets a process step it again.
 
-Closing the generator early (Stop, server shutdown) cancels the run's pending
-rows and removes any slot it announced.
+An allowed call is marked started before it runs: one found started without
+a result (the process died meanwhile) is reported as interrupted, never run
+again.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -25,19 +28,17 @@ from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
-from approvals.gate import Slot
 from approvals.models import ToolApproval, ToolRule, arguments_hash
-from approvals.services.decisions import ApprovalNotFound
 from approvals.services.rules import approval_verdict
 from approvals.services.waiting import (
     approval_cancel_run,
-    approval_check,
     approval_record_auto,
     approval_record_output,
-    approval_release,
     approval_request,
-    approval_withdraw,
+    approval_start,
+    approvals_end,
 )
 from chat import events
 from chat.llm.base import ChatModel, LLMError, TextDelta, ToolCall, TurnEnd, new_call_id
@@ -67,6 +68,16 @@ BLOCKED_TEXT = "Blocked by a rule: {note}"
 TIMEOUT_TEXT = "nobody decided on this call in time, so it did not run."
 CHANGED_TEXT = "the approved arguments changed after the request; the call did not run."
 LIMIT_TEXT = "the tool-call limit for this run was reached."
+INTERRUPTED_TEXT = (
+    "interrupted: the server stopped while this ran; it may have partly run. It was not run again."
+)
+
+# What a turn's calls came to: the run waits for a decision, or must stop.
+WAIT, STOP = "wait", "stop"
+
+
+class Abandoned(Exception):
+    """The process gave the run up as it exited: write nothing more (another resumes it)."""
 
 
 def not_enabled_text(name: str, enabled: list[str]) -> str:
@@ -93,9 +104,10 @@ class _Decided:
 
 @dataclass(frozen=True)
 class _Asked:
+    """Asked now, or earlier (a step resumed): decided or not."""
+
     call: ToolCall
     approval: ToolApproval
-    slot: Slot
 
 
 _Plan = _Refused | _Decided | _Asked
@@ -108,7 +120,6 @@ class AgentSettings:
     max_iterations: int
     tool_timeout: float
     approval_timeout: float
-    poll: float
 
     @classmethod
     def from_django(cls, **overrides) -> AgentSettings:
@@ -116,7 +127,6 @@ class AgentSettings:
             "max_iterations": settings.STUDIO_MAX_TOOL_ITERATIONS,
             "tool_timeout": settings.STUDIO_TOOL_TIMEOUT,
             "approval_timeout": settings.STUDIO_APPROVAL_TIMEOUT,
-            "poll": settings.STUDIO_APPROVAL_POLL_SECONDS,
         }
         return cls(**{**values, **overrides})
 
@@ -143,37 +153,104 @@ class Agent:
         self.toolbox = toolbox or toolbox_for(conversation, enabled=enabled_tools)
         self.knobs = knobs or AgentSettings.from_django()
         self.workspace = conversation.workspace
-        # (tool, argument hash) of calls that ran without error in this run.
+        # Read from the run's rows when a step starts (``_load``):
+        # (tool, argument hash) of calls that ran without error in this run,
         self.succeeded: set[tuple[str, str]] = set()
+        # the call ids used in it, the rounds of tool calls made so far,
         self.call_ids: set[str] = set()
+        self.rounds = 0
+        # its last model turn, and the ids of that turn's calls with a result.
         self.turn: Message | None = None
-        # Approvals this run asked for and has not seen decided yet.
-        self.open_approvals: set[str] = set()
-        # What the model is sent: built from the rows once, then kept up to date.
+        self.answered: set[str] = set()
+        self.finished = False
+        # What the model is sent: built from the rows, then kept up to date.
         self.transcript: list[dict] = []
 
-    # -- the loop -----------------------------------------------------------------
+    # -- the step -------------------------------------------------------------------
 
     def events(self) -> Iterator[events.Event]:
+        """One step: from where the rows say the run is, until it waits (``Wait``) or ends."""
+        ended = False
         try:
-            yield from self._loop()
+            ended = yield from self._step()
+        except Abandoned:
+            return
         finally:
-            # Runs on normal end, on error and on generator close (Stop, server
-            # going away): no slot of this run may outlive it, no row stay pending.
-            if self.open_approvals:
+            # A run that ended leaves no call pending (calls after a Stop).
+            if ended and not self.cancel.abandoned:
                 approval_cancel_run(run_id=self.run_id)
+
+    def _step(self) -> Iterator[events.Event]:
+        """Returns True when the run ended, False when it waits."""
+        self._load()
+        if self.finished:
+            yield events.Done()
+            return True
+        calls = self._open_calls()
+        if calls:
+            outcome = yield from self._handle_turn(calls, resumed=True)
+            if outcome == WAIT:
+                return False
+            if outcome == STOP:
+                yield events.Done(cancelled=True)
+                return True
+        return (yield from self._loop())
+
+    def _load(self) -> None:
+        """Where the run is, from its rows: its turns, the calls answered, what succeeded."""
+        rows = Message.objects.filter(run_id=self.run_id).values_list(
+            "pk", "role", "tool_calls", "tool_call_id", "tool_name", "tool_arguments", "is_error"
+        )
+        last_turn = last_role = None
+        for pk, role, tool_calls, call_id, tool_name, tool_arguments, is_error in rows.order_by(
+            "created_at", "id"
+        ):
+            last_role = role
+            if role == Message.Role.ASSISTANT:
+                last_turn = (pk, tool_calls)
+                self.call_ids.update(c["id"] for c in tool_calls)
+                self.rounds += bool(tool_calls)
+            elif role == Message.Role.TOOL:
+                self.answered.add(call_id)
+                if not is_error:
+                    self.succeeded.add((tool_name, arguments_hash(tool_arguments)))
+        # A final answer or an error message was the run's last word.
+        self.finished = last_role == Message.Role.ERROR or (
+            last_role == Message.Role.ASSISTANT and not last_turn[1]
+        )
+        if last_turn is not None and last_turn[1]:
+            self.rounds -= 1  # the turn in hand is not done yet: it counts once done
+            if any(c["id"] not in self.answered for c in last_turn[1]):
+                self.turn = Message.objects.get(pk=last_turn[0])
+
+    def _open_calls(self) -> list[ToolCall]:
+        """The calls of the turn in hand still without a result, in the model's order."""
+        if self.turn is None:
+            return []
+        self.rounds += 1
+        return [
+            ToolCall(
+                c["id"],
+                c["name"],
+                None if c.get("error") else c.get("arguments") or {},
+                c.get("error", ""),
+            )
+            for c in self.turn.tool_calls
+            if c["id"] not in self.answered
+        ]
 
     def _loop(self) -> Iterator[events.Event]:
         schemas = self.toolbox.schemas()
         self.transcript = transcript_build(self.conversation, tools=self.toolbox.describe())
-        for iteration in itertools.count():
+        while True:
             if self.cancel.is_set():
+                self._guard()
                 yield events.Done(cancelled=True)
-                return
+                return True
             yield events.Status("Thinking…")
             turn = yield from self._model_turn(schemas)
             if turn is None:
-                return
+                return True
             calls = self._save_turn(turn)
             yield events.TurnSaved(
                 message_id=self.turn.pk,
@@ -183,19 +260,22 @@ class Agent:
             )
             if not calls:
                 yield events.Done()
-                return
-            if iteration >= self.knobs.max_iterations:
+                return True
+            if self.rounds >= self.knobs.max_iterations:
                 for call in calls:
                     self._save_result(call, ToolResult.error(LIMIT_TEXT))
                 yield from self._fail(
                     f"Stopped: this run reached its limit of {self.knobs.max_iterations} rounds "
                     "of tool calls (STUDIO_MAX_TOOL_ITERATIONS)."
                 )
-                return
-            stop = yield from self._handle_turn(calls)
-            if stop:
+                return True
+            self.rounds += 1
+            outcome = yield from self._handle_turn(calls)
+            if outcome == WAIT:
+                return False
+            if outcome == STOP:
                 yield events.Done(cancelled=True)
-                return
+                return True
 
     def _model_turn(self, schemas: list[dict]) -> Iterator[events.Event]:
         """Stream one reply; returns its ``TurnEnd``, or None when the run ended."""
@@ -220,34 +300,44 @@ class Agent:
 
     # -- the calls of one turn ----------------------------------------------------------
 
-    def _handle_turn(self, calls: list[ToolCall]) -> Iterator[events.Event]:
-        """Ask for every call that needs a decision at once, then run them in order.
+    def _handle_turn(self, calls: list[ToolCall], *, resumed: bool = False):
+        """Ask for every call that needs a decision at once, then carry them out in order.
 
         All of a turn's cards appear together (and can be decided together);
-        a call runs once it and every call before it are decided. Returns True
-        when the run must stop.
+        a call runs once it and every call before it are decided. Returns
+        WAIT when a call waits for a decision, STOP when the run must stop.
         """
+        rows = {}
+        if resumed:
+            asked_before = ToolApproval.objects.filter(
+                run_id=self.run_id, tool_call_id__in=[c.id for c in calls]
+            ).select_related("conversation")
+            rows = {a.tool_call_id: a for a in asked_before}
         plans = []
         for call in calls:
-            plan = self._plan(call)
-            if isinstance(plan, _Asked):
+            row = rows.get(call.id)
+            plan = self._plan(call) if row is None else _Asked(call, row)
+            if isinstance(plan, _Asked) and row is None:
                 yield self._started(call, plan.approval, awaiting=True)
             plans.append(plan)
-        asked = tuple(p.approval.approval_id for p in plans if isinstance(p, _Asked))
-        if len(asked) > 1:
+        asked = tuple(
+            p.approval.approval_id for p in plans if isinstance(p, _Asked) and p.approval.is_pending
+        )
+        if len(asked) > 1 and not resumed:
             yield events.TurnAsked(message_id=self.turn.pk, approval_ids=asked)
         for plan in plans:
-            stop = yield from self._carry_out(plan)
-            if stop:
+            outcome = yield from self._carry_out(plan)
+            if outcome is not None:
                 # Calls after a Stop do not run; their cards end as cancelled.
-                return True
-        return False
+                return outcome
+        return None
 
     def _plan(self, call: ToolCall) -> _Plan:
         """What happens to ``call``: refused, blocked, run without asking, or asked."""
         refusal = self._refusal(call)
         if refusal is not None:
             return _Refused(call, refusal)
+        self._guard()
         tool = self.toolbox.tools[call.name]
         subject, reading = tool.reading(call.arguments)
         details = {
@@ -269,35 +359,46 @@ class Agent:
         )
         if verdict.action in (Action.ALLOW, Action.DENY):
             return _Decided(call, approval_record_auto(verdict=verdict, **details))
-        # Row and slot first, then the announcement: a decision can never
-        # arrive before its waiter exists.
-        approval, slot = approval_request(verdict=verdict, **details)
-        self.open_approvals.add(approval.approval_id)
-        return _Asked(call, approval, slot)
+        # The row first, then the announcement: a decision always finds its row.
+        approval = approval_request(verdict=verdict, timeout=self.knobs.approval_timeout, **details)
+        return _Asked(call, approval)
 
     def _carry_out(self, plan: _Plan) -> Iterator[events.Event]:
         call = plan.call
         if isinstance(plan, _Refused):
             yield self._finish(call, plan.result)
-            return False
+            return None
         if isinstance(plan, _Decided):
             yield self._started(call, plan.approval, awaiting=False)
-            if plan.approval.is_allowed:
-                yield from self._execute(call, plan.approval, cancel=self.cancel)
-            else:
-                note = (plan.approval.rule_snapshot or {}).get("note") or "no reason given"
-                yield self._finish(call, ToolResult(BLOCKED_TEXT.format(note=note), ok=False),
-                                   plan.approval)  # fmt: skip
-            return False
-        if self._already_ran(call):
-            # An identical call earlier in this turn succeeded meanwhile.
-            approval_withdraw(approval=plan.approval, slot=plan.slot)
-            self.open_approvals.discard(plan.approval.approval_id)
-            yield self._finish(call, ToolResult(DUPLICATE_TEXT, ok=False), plan.approval)
-            return False
-        outcome = yield from self._await_decision(plan.slot)
-        self.open_approvals.discard(plan.approval.approval_id)
-        return (yield from self._follow(call, plan.approval, outcome))
+            return (yield from self._follow(call, plan.approval))
+        approval = plan.approval
+        if approval.is_pending:
+            if self._already_ran(call):
+                # An identical call earlier in this turn succeeded meanwhile.
+                self._guard()
+                approvals_end(
+                    pending=ToolApproval.objects.filter(pk=approval.pk), reason=Reason.CANCELLED
+                )
+                yield self._finish(call, ToolResult(DUPLICATE_TEXT, ok=False), approval)
+                return None
+            approval = self._settle(approval)
+            if approval.is_pending:
+                yield events.Wait(approval.approval_id)
+                return WAIT
+        return (yield from self._follow(call, approval))
+
+    def _settle(self, approval: ToolApproval) -> ToolApproval:
+        """End a pending call now if Stop was pressed or its time is up; the row as it is."""
+        if self.cancel.is_set():
+            reason = Reason.CANCELLED
+        elif approval.expires_at is not None and approval.expires_at <= timezone.now():
+            reason = Reason.TIMEOUT
+        else:
+            return approval
+        self._guard()
+        approvals_end(pending=ToolApproval.objects.filter(pk=approval.pk), reason=reason)
+        # Ours, or the decision that won the race against it.
+        return ToolApproval.objects.select_related("conversation").get(pk=approval.pk)
 
     def _refusal(self, call: ToolCall) -> ToolResult | None:
         """Why ``call`` is answered without running or asking, or None."""
@@ -318,41 +419,28 @@ class Agent:
     def _already_ran(self, call: ToolCall) -> bool:
         return (call.name, arguments_hash(call.arguments)) in self.succeeded
 
-    def _await_decision(self, slot: Slot) -> Iterator[events.Event]:
-        """Park until the row is decided (or ends by Stop or timeout); returns it."""
-        deadline = time.monotonic() + self.knobs.approval_timeout
-        try:
-            while True:
-                try:
-                    outcome = approval_check(slot=slot, cancel=self.cancel, deadline=deadline)
-                except ApprovalNotFound:
-                    return None  # deleted meanwhile: treated as cancelled
-                if outcome is not None:
-                    return outcome
-                yield events.Park(slot=slot, deadline=deadline)
-        finally:
-            approval_release(slot=slot)
-
-    def _follow(
-        self, call: ToolCall, approval: ToolApproval, outcome: ToolApproval | None
-    ) -> Iterator[events.Event]:
-        """Act on a decided call; returns True when the run must stop."""
-        if outcome is None or outcome.reason == Reason.CANCELLED:
-            yield self._finish(call, ToolResult(CANCELLED_TEXT, ok=False), outcome or approval)
-            return True
+    def _follow(self, call: ToolCall, outcome: ToolApproval) -> Iterator[events.Event]:
+        """Act on a decided call; returns STOP when the run must stop."""
+        if outcome.reason == Reason.CANCELLED:
+            yield self._finish(call, ToolResult(CANCELLED_TEXT, ok=False), outcome)
+            return STOP
         if outcome.is_allowed:
             # Allowed first, Stopped after (before the call began): the first
             # decision wins, so the call runs in full, and the run stops after.
             stopped = self.cancel.is_set()
             cancel = CancelToken() if stopped else self.cancel
             yield from self._execute(call, outcome, cancel=cancel)
-            return stopped
+            return STOP if stopped else None
         if outcome.reason in (Reason.TIMEOUT, Reason.EXPIRED):
             yield self._finish(call, ToolResult.error(TIMEOUT_TEXT), outcome)
-            return False
+            return None
+        if outcome.reason == Reason.RULE:
+            note = (outcome.rule_snapshot or {}).get("note") or "no reason given"
+            yield self._finish(call, ToolResult(BLOCKED_TEXT.format(note=note), ok=False), outcome)
+            return None
         text = REJECTION_TEXT + (f" The user said: {outcome.note}" if outcome.note else "")
         yield self._finish(call, ToolResult(text, ok=False), outcome)
-        return False
+        return None
 
     def _execute(
         self, call: ToolCall, approval: ToolApproval, *, cancel: CancelToken
@@ -361,6 +449,11 @@ class Agent:
         # if a person edited them), checked against the hash taken then.
         if not approval.arguments_intact():
             yield self._finish(call, ToolResult.error(CHANGED_TEXT), approval)
+            return
+        self._guard()
+        if not approval_start(approval=approval):
+            # Begun before, by a process that stopped before its result was saved.
+            yield self._finish(call, ToolResult.error(INTERRUPTED_TEXT), approval)
             return
         arguments = approval.arguments_to_run
         if approval.was_edited:
@@ -388,6 +481,7 @@ class Agent:
 
     def _record_edit(self, call: ToolCall, arguments: dict) -> None:
         """The transcript shows the call with the arguments that ran, not the model's."""
+        self._guard()
         call.arguments = arguments
         tool_calls = [
             {**c, "arguments": arguments} if c["id"] == call.id else c for c in self.turn.tool_calls
@@ -401,7 +495,13 @@ class Agent:
 
     # -- rows and events ------------------------------------------------------------------
 
+    def _guard(self) -> None:
+        """Before any write: a run given up by an exiting process writes nothing more."""
+        if self.cancel.abandoned:
+            raise Abandoned(self.run_id)
+
     def _save_turn(self, turn: TurnEnd) -> list[ToolCall]:
+        self._guard()
         calls = turn.tool_calls
         for call in calls:
             # Whatever the model client: no NUL reaches a row (PostgreSQL refuses it).
@@ -418,9 +518,7 @@ class Agent:
             run=self.run,
             role=Message.Role.ASSISTANT,
             content=strip_nul(turn.content),
-            tool_calls=[
-                {"id": c.id, "name": c.name, "arguments": c.arguments or {}} for c in calls
-            ],
+            tool_calls=[_call_entry(c) for c in calls],
         )
         self.transcript.append(turn_message(self.turn.content, self.turn.tool_calls))
         return calls
@@ -454,6 +552,7 @@ class Agent:
     def _save_result(
         self, call: ToolCall, result: ToolResult, approval: ToolApproval | None = None
     ) -> Message:
+        self._guard()
         message = Message.objects.create(
             conversation=self.conversation,
             run=self.run,
@@ -470,6 +569,7 @@ class Agent:
         return message
 
     def _save_partial(self, content: str) -> None:
+        self._guard()
         if content.strip():
             Message.objects.create(
                 conversation=self.conversation,
@@ -479,7 +579,16 @@ class Agent:
             )
 
     def _fail(self, text: str) -> Iterator[events.Event]:
+        self._guard()
         message = Message.objects.create(
             conversation=self.conversation, run=self.run, role=Message.Role.ERROR, content=text
         )
         yield events.Failed(message_id=message.pk, text=text, created_at=message.created_at)
+
+
+def _call_entry(call: ToolCall) -> dict:
+    """A call as its turn's row keeps it (with why its arguments could not be read)."""
+    entry = {"id": call.id, "name": call.name, "arguments": call.arguments or {}}
+    if call.arguments is None:
+        entry["error"] = call.error or "unreadable"
+    return entry

@@ -16,8 +16,8 @@ class ChatConfig(AppConfig):
         import chat.signals  # noqa: F401 - sockets re-check sessions on logout
         import studio.signals  # noqa: F401 - connects the SQLite permission guard
         from approvals.services.rules import call_reader_install, tool_names_install
-        from approvals.signals import purge_requested
-        from chat import engine, mcp, services
+        from approvals.signals import calls_settled
+        from chat import engine, mcp
         from chat.toolbox import call_reading, tool_names
         from chat.tools import sandbox
         from studio.runtime import runtime
@@ -28,9 +28,10 @@ class ChatConfig(AppConfig):
         rt = runtime()
         rt.inbox.register("run.cancel", engine.cancel_from_message)
         rt.services.append(engine.heartbeat)
-        rt.on_shutdown.append(engine.cancel_all)
-        rt.on_shutdown.append(mcp.close_hub)
-        purge_requested.connect(services.on_purge, dispatch_uid="chat.retire_dead_runs")
+        rt.services.append(engine.sweep)
+        rt.on_exit.append(engine.wind_down)
+        rt.on_exit.append(mcp.close_hub)
+        calls_settled.connect(engine.on_calls_settled, dispatch_uid="chat.resume_runs")
 
         if sandbox.sandbox_mode() == "none":
             logger.warning(

@@ -1,52 +1,64 @@
-"""Agent runs: stepped on worker threads, parked on the event loop.
+"""Agent runs: stepped on worker threads; in between, only rows.
 
-A run belongs to its conversation, not to a socket: closing a tab does not
-stop it, and its pending approvals stay decidable from any tab or process.
+A run belongs to its conversation, not to a socket or a process: closing a
+tab does not stop it, and its pending calls stay decidable from any tab or
+process. A *step* runs the agent (``chat.agent``) on an ``agent_pool``
+thread, from where the rows say the run is, until a call waits for a
+decision or the run ends. A waiting run holds no thread, no coroutine and no
+memory anywhere: it is its rows, with no owner.
 
-The agent loop is plain synchronous code (``chat.agent``). A *step* runs it
-on an ``agent_pool`` thread until it either ends or yields ``Park`` (a call
-waits for a decision). Then the thread is given back: the run is a
-coroutine waiting on the slot's wake, on Stop or on its deadline, costing
-memory only. ``STUDIO_AGENT_WORKERS`` bounds runs that are *working*; any
-number may wait.
+Whoever lets it go on resumes it: the process that records a decision (or a
+timeout, or Stop) claims the run with a conditional update, first claim
+wins, and steps it. Each process's sweep also claims runs left resumable by
+a process that exited, runs whose process died (its heartbeat went stale),
+and any decided run whose resume message was lost. ``STUDIO_AGENT_WORKERS``
+bounds the steps working at once.
 
 The run's events become HTML fragments in the step's thread and go to the
-conversation's group through the runtime's outbox (ordered, never blocking),
-so every tab in every process sees them. Stop reaches the run wherever it
-lives: directly here, or through the hosting process's inbox.
+conversation's group through the runtime's outbox, so every tab in every
+process sees them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 import uuid
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import close_old_connections
+from django.utils import timezone
 
-from approvals.services.waiting import poll_wait
 from chat import events, render
 from chat.agent import Agent
 from chat.display import MessageView
 from chat.llm import get_model
 from chat.models import Conversation, Message, Run
-from chat.services import RunBusy, run_create, run_finish, run_heartbeat
+from chat.services import (
+    RunBusy,
+    run_claim,
+    run_create,
+    run_finish,
+    run_heartbeat,
+    run_release,
+    run_stop_request,
+    runs_abandon,
+    runs_to_resume,
+)
 from chat.toolbox import toolbox_for
-from studio.runtime import Later, LocalRun, Runtime, release_connection, runtime
+from studio.runtime import LocalRun, Runtime, release_connection, runtime
 
 logger = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 0.05
-# A status line ("Thinking…", "Running python…") is sent only once what it
-# announces has taken this long; a quicker step's status leaves with its
-# result, in one message (see Publisher.flush).
-STATUS_SECONDS = 0.15
-# How long shutdown waits for runs to record that they were cancelled.
-SHUTDOWN_SECONDS = 3.0
+# The sweep re-reads every waiting run this often, besides its quick look at
+# the calls decided since its last one.
+FULL_SWEEP_SECONDS = 60.0
 
+RESUMED_TEXT = "The server restarted; your run continues."
 REFUSALS = {
     "running": "The agent is still working on your previous message. "
     "Wait for it to finish, or press Stop. Your message was not sent.",
@@ -67,7 +79,7 @@ class Launch:
         return REFUSALS.get(self.reason, "")
 
 
-# --- starting and stopping ------------------------------------------------------------
+# --- starting, resuming and stopping ------------------------------------------------------
 
 
 def run_launch(*, conversation_id: int, user, text: str) -> Launch:
@@ -75,56 +87,59 @@ def run_launch(*, conversation_id: int, user, text: str) -> Launch:
     if not text.strip():
         return Launch(ok=False, reason="empty")
     rt = runtime()
-    if rt.loop is None or not rt.loop.is_running():
+    if not rt.serving:
         return Launch(ok=False, reason="down")
-    local = LocalRun(run_id=str(uuid.uuid4()), conversation_id=conversation_id)
-    # Live before its row exists: a send racing this one in another tab must
-    # see this run as alive, never as a dead one to retire.
-    with rt.lock:
-        rt.runs[local.run_id] = local
+    run_id = str(uuid.uuid4())
     try:
-        local.launched = run_create(
-            run_id=local.run_id,
+        launched = run_create(
+            run_id=run_id,
             conversation_id=conversation_id,
             user=user,
             text=text,
-            inbox=rt.inbox.name,
-            # Without Redis there is one process: a running run it does not
-            # host died with a previous server (restart, crash).
-            is_dead=None if settings.REDIS_URL else (lambda run_id: run_id not in rt.local_runs()),
+            owner=rt.inbox.name,
         )
     except (RunBusy, Conversation.DoesNotExist) as exc:
-        with rt.lock:
-            rt.runs.pop(local.run_id, None)
         return Launch(ok=False, reason="running" if isinstance(exc, RunBusy) else "gone")
-    if not rt.call_soon(_start_driving, rt, local):
-        local.cancel.cancel()
+    rt.agent_pool.submit(_drive, rt, run_id, launched=launched)
+    return Launch(ok=True, run_id=run_id)
+
+
+def run_wake(run_ids) -> None:
+    """Step these runs here if they can go on (a call of theirs was decided or ended).
+
+    A process that serves nothing (a management command) leaves them to the
+    servers' sweeps.
+    """
+    rt = runtime()
+    if not rt.serving:
+        return
+    for run_id in run_ids:
+        run_id = str(run_id)
         with rt.lock:
-            rt.runs.pop(local.run_id, None)
-        run_finish(run_id=local.run_id, status=Run.Status.CANCELLED, error="server shutting down")
-        return Launch(ok=False, reason="down")
-    return Launch(ok=True, run_id=local.run_id)
+            if run_id in rt.queued:
+                continue  # its step has not started yet, and will read the rows as they are
+            rt.queued.add(run_id)
+        rt.agent_pool.submit(_drive, rt, run_id)
+
+
+def on_calls_settled(sender, *, run_ids, **kwargs) -> None:
+    """``approvals.signals.calls_settled``: their runs may go on."""
+    run_wake(run_ids)
 
 
 def run_stop(*, conversation_id: int, user) -> bool:
-    """Stop the conversation's running run, in this process or another."""
-    run = (
-        Run.objects.running()
-        .filter(conversation_id=conversation_id, conversation__owner=user)
-        .only("id", "inbox")
-        .first()
-    )
+    """Stop the conversation's run, wherever it is: working in a process, or waiting."""
+    run = run_stop_request(conversation_id=conversation_id, user=user)
     if run is None:
         return False
     rt = runtime()
     local = rt.local_runs().get(str(run.pk))
     if local is not None:
         local.cancel.cancel()
-        return True
-    if run.inbox and run.inbox != rt.inbox.name:
-        rt.outbox.channel(run.inbox, {"type": "run.cancel", "run_id": str(run.pk)})
-        return True
-    return False
+    elif run.owner and run.owner != rt.inbox.name:
+        # (A lost message: that process's heartbeat reads the row's flag.)
+        rt.outbox.channel(run.owner, {"type": "run.cancel", "run_id": str(run.pk)})
+    return True
 
 
 def cancel_from_message(message: dict) -> None:
@@ -137,122 +152,104 @@ def cancel_from_message(message: dict) -> None:
 # --- driving ------------------------------------------------------------------------------
 
 
-def _start_driving(rt: Runtime, local: LocalRun) -> None:
-    local.task = asyncio.get_running_loop().create_task(drive(rt, local))
-
-
-async def drive(rt: Runtime, local: LocalRun) -> None:
-    """The life of one run: steps on the agent pool, parks in between."""
-    stepper = Stepper(local)
-    loop = asyncio.get_running_loop()
+def _drive(rt: Runtime, run_id: str, *, launched: tuple | None = None) -> None:
+    """(An agent-pool thread.) Claim the run, step it until it waits or ends, let it go."""
+    with rt.lock:
+        rt.queued.discard(run_id)
+    close_old_connections()
+    owner = rt.inbox.name
     try:
-        while (park := await loop.run_in_executor(rt.agent_pool, stepper.step)) is not None:
-            local.parked = True
+        if rt.stopping:
+            if launched is not None:
+                runs_abandon(run_ids=[run_id], owner=owner)  # another process starts it
+            return
+        if launched is not None:
+            run, first = launched
+            resumed = False
+        else:
+            claim = run_claim(run_id=run_id, owner=owner)
+            if claim is None:
+                return  # someone else steps it, it ended, or it cannot go on yet
+            run, first, resumed = claim.run, None, claim.resumed
+        while True:
+            local = LocalRun(run_id=run_id, conversation_id=run.conversation_id)
+            if run.stop_requested:
+                local.cancel.cancel()
+            with rt.lock:
+                rt.runs[run_id] = local
             try:
-                await _parked(park, local)
+                waiting_on = Stepper(local, run, first=first, resumed=resumed).step()
             finally:
-                local.parked = False
+                with rt.lock:
+                    rt.runs.pop(run_id, None)
+            if waiting_on is None or not run_release(
+                run_id=run_id, owner=owner, waiting_on=waiting_on
+            ):
+                return
+            # A decision that landed while this step held the run could not
+            # claim it: look once more, now that the run is free.
+            claim = run_claim(run_id=run_id, owner=owner)
+            if claim is None:
+                return
+            run, first, resumed = claim.run, None, False
     except Exception:
-        logger.exception("run %s: driver failed", local.run_id)
+        logger.exception("run %s: driver failed", run_id)
     finally:
-        with rt.lock:
-            rt.runs.pop(local.run_id, None)
-
-
-async def _parked(park: events.Park, local: LocalRun) -> None:
-    """Hold no thread until the call is decided, Stop is pressed or time is up."""
-    loop = asyncio.get_running_loop()
-    woken = loop.create_future()
-
-    def wake() -> None:  # from any thread: the decision's, the poller's, Stop's
-        loop.call_soon_threadsafe(_resolve, woken)
-
-    unsubscribe_slot = park.slot.on_wake(wake)
-    unsubscribe_cancel = local.cancel.subscribe(wake)
-    park.slot.waiting = True
-    try:
-        wait = min(
-            park.deadline - time.monotonic(), poll_wait(settings.STUDIO_APPROVAL_POLL_SECONDS)
-        )
-        if wait > 0:
-            try:
-                await asyncio.wait_for(woken, wait)
-            except TimeoutError:
-                pass  # the next step looks at the row itself
-    finally:
-        park.slot.waiting = False
-        unsubscribe_slot()
-        unsubscribe_cancel()
-
-
-def _resolve(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
+        release_connection()
 
 
 class Stepper:
-    """Steps one run's agent on worker threads; publishes its events as fragments."""
+    """One step of a run on a worker thread; publishes its events as fragments."""
 
-    def __init__(self, local: LocalRun) -> None:
+    def __init__(
+        self, local: LocalRun, run: Run, *, first: Message | None = None, resumed: bool = False
+    ) -> None:
         self.local = local
-        self.agent_events = None
+        self.run = run
+        self.first = first
+        self.resumed = resumed
         self.agent: Agent | None = None
         self.publisher: Publisher | None = None
-        self.parked: events.Park | None = None
         self.status, self.error = Run.Status.DONE, ""
 
-    def step(self) -> events.Park | None:
-        """Run until the agent parks (returns the ``Park``) or the run ends (None)."""
-        close_old_connections()
+    def step(self) -> str | None:
+        """Step until a call waits (returns its approval id) or the run ends (None)."""
+        conversation = self.run.conversation
+        publisher = self.publisher = Publisher(conversation, self.run)
+        if self.first is not None:
+            publisher.send(render.appended(render.message(MessageView.of(self.first))))
+            # The first message names the conversation; every open tab shows it.
+            publisher.send(render.title(conversation.title))
+        elif self.resumed:
+            publisher.send(render.notice(RESUMED_TEXT, level="info"))
+        publisher.send(render.run_controls(running=True, conversation_id=conversation.pk))
+        publisher.flush()
         try:
-            if self.agent_events is None:
-                self._begin()
-            if self.parked is not None:
-                # A decision made here may have handed over its card: it
-                # leaves with this step's first fragments.
-                self.publisher.carry(self.parked.slot.take_card())
-                self.parked = None
-            while True:
-                event = next(self.agent_events)
-                if isinstance(event, events.Park):
-                    self.publisher.flush()
-                    self.parked = event
-                    return event
+            agent = self.agent = Agent(
+                conversation=conversation,
+                model=get_model(),
+                cancel=self.local.cancel,
+                user=self.run.started_by,
+                run=self.run,
+                # MCP servers never reached yet are asked for their tools now,
+                # on this worker thread (lazily, and never on a page load).
+                toolbox=toolbox_for(conversation, connect=True),
+            )
+            for event in agent.events():
+                if isinstance(event, events.Wait):
+                    self._learned()
+                    publisher.flush()
+                    return event.approval_id
                 self._track(event)
-                self.publisher.event(event)
-        except StopIteration:
-            self._end()
-            return None
+                publisher.event(event)
         except Exception as exc:
             logger.exception("run %s failed", self.local.run_id)
             self.status, self.error = Run.Status.ERROR, f"{type(exc).__name__}: {exc}"
             self._report_crash()
-            self._end()
-            return None
-        finally:
-            release_connection()
-
-    def _begin(self) -> None:
-        # The rows the launch wrote, with the conversation it read: not read again.
-        (run, user_message), self.local.launched = self.local.launched, None
-        conversation = run.conversation
-        self.publisher = Publisher(conversation, run)
-        self.publisher.send(render.appended(render.message(MessageView.of(user_message))))
-        self.publisher.send(render.run_controls(running=True, conversation_id=conversation.pk))
-        # The first message names the conversation; every open tab shows it.
-        self.publisher.send(render.title(conversation.title))
-        self.publisher.flush()
-        agent = self.agent = Agent(
-            conversation=conversation,
-            model=get_model(),
-            cancel=self.local.cancel,
-            user=run.started_by,
-            run=run,
-            # MCP servers never reached yet are asked for their tools now, on
-            # this worker thread (lazily, and never on a page load).
-            toolbox=toolbox_for(conversation, connect=True),
-        )
-        self.agent_events = agent.events()
+        if self.local.cancel.abandoned:
+            return None  # the process is exiting; another takes the run on
+        self._end()
+        return None
 
     def _track(self, event: events.Event) -> None:
         match event:
@@ -262,8 +259,8 @@ class Stepper:
                 self.status = Run.Status.CANCELLED
 
     def _report_crash(self) -> None:
-        if self.publisher is None:
-            return
+        from approvals.services.waiting import approval_cancel_run
+
         try:
             message = Message.objects.create(
                 conversation_id=self.local.conversation_id,
@@ -274,23 +271,28 @@ class Stepper:
             )
             self.publisher.send(render.appended(render.message(MessageView.of(message))))
             self.publisher.flush()
+            approval_cancel_run(run_id=self.local.run_id)
         except Exception:
             logger.exception("could not record the failure of run %s", self.local.run_id)
-        if self.agent_events is not None:
-            self.agent_events.close()  # cancels its pending rows and slots
 
     def _end(self) -> None:
-        run_finish(run_id=self.local.run_id, status=self.status, error=self.error)
-        if self.publisher is not None:
-            self.publisher.send(render.run_status(""))
-            self.publisher.send(
-                render.run_controls(running=False, conversation_id=self.local.conversation_id)
-            )
-            if self.agent is not None and self.agent.toolbox.learned:
-                # The MCP tools this run found for the first time join the panel.
-                conversation = self.agent.conversation
-                self.publisher.send(render.settings_panel(conversation, oob=True))
-            self.publisher.flush()
+        run_finish(
+            run_id=self.local.run_id,
+            owner=self.run.owner,
+            status=self.status,
+            error=self.error,
+        )
+        self.publisher.send(render.run_status(""))
+        self.publisher.send(
+            render.run_controls(running=False, conversation_id=self.local.conversation_id)
+        )
+        self._learned()
+        self.publisher.flush()
+
+    def _learned(self) -> None:
+        """The MCP tools this step found for the first time join the panel."""
+        if self.agent is not None and self.agent.toolbox.learned:
+            self.publisher.send(render.settings_panel(self.agent.conversation, oob=True))
 
 
 class Publisher:
@@ -300,13 +302,12 @@ class Publisher:
     where the run is about to wait (a status line before a tool or the model
     works, a pending card, the end), so a quick tool costs a few messages,
     not one per fragment. Content deltas go out at most every FLUSH_SECONDS.
-    A status line with nothing else to send waits STATUS_SECONDS: a model or
-    tool quicker than that sends its status together with its result.
     """
 
     def __init__(self, conversation: Conversation, run: Run) -> None:
         self.group = conversation.group_name
-        self.run_id = run.pk
+        # Unique per step: a step resumed elsewhere starts its turns from 0 again.
+        self.stream_key = f"{run.pk}-{secrets.token_hex(3)}"
         self.outbox = runtime().outbox
         self.turn = 0
         self.stream_open = False
@@ -316,31 +317,17 @@ class Publisher:
         self.urgent = False
         self.deltas: list[str] = []
         self.last_flush = 0.0
-        # The last flush, when it was delayed (a status line).
-        self.later: Later | None = None
 
     @property
     def stream_id(self) -> str:
-        return f"stream-{self.run_id}-{self.turn}"
+        return f"stream-{self.stream_key}-{self.turn}"
 
     def send(self, html: str) -> None:
         """Queue ``html``; it leaves with the next flush."""
         self.pending.append(html)
 
-    def carry(self, later: Later | None) -> None:
-        """Take a message already on a timer (a decided card) along with the next flush.
-
-        It goes first in that flush if its timer has not sent it by then.
-        """
-        if later is not None and self.later is None:
-            self.later = later
-
-    def flush(self, *, delay: float = 0.0) -> None:
-        """Send what is queued (and the buffered deltas) as one message.
-
-        ``delay``: send it that much later, unless the next flush comes first
-        and takes it along (never when it holds a result: see ``urgent``).
-        """
+    def flush(self) -> None:
+        """Send what is queued (and the buffered deltas) as one message."""
         if self.deltas:
             if not self.stream_open:
                 self.stream_open = True
@@ -351,16 +338,8 @@ class Publisher:
             return
         html = "".join(self.pending)
         self.pending.clear()
-        if self.later is not None:
-            if self.later.take_back():
-                html = self.later.message["html"] + html  # not sent yet: it goes first, in this one
-            self.later = None
         self.last_flush = time.monotonic()
-        message = {"type": "chat.fragment", "html": html}
-        if delay and not self.urgent:
-            self.later = self.outbox.group_later(self.group, message, delay)
-            return
-        self.outbox.group(self.group, message, wait=self.urgent)
+        self.outbox.group(self.group, {"type": "chat.fragment", "html": html}, wait=self.urgent)
         self.urgent = False
 
     def event(self, event: events.Event) -> None:
@@ -370,12 +349,9 @@ class Publisher:
                 if time.monotonic() - self.last_flush >= FLUSH_SECONDS:
                     self.flush()
             case events.Status(text=text):
-                # Something that may be slow comes next (the model, a tool):
-                # show what came before now, and the status line alone only
-                # if that something is slow (else it goes with what follows).
-                alone = not self.pending and not self.deltas
+                # Something that may be slow comes next (the model, a tool).
                 self.send(render.run_status(text))
-                self.flush(delay=STATUS_SECONDS if alone else 0.0)
+                self.flush()
             case events.TurnSaved():
                 # Drop the streaming bubble, append the final message (a tab
                 # that reconnected mid-stream never had the bubble, and still
@@ -406,27 +382,66 @@ class Publisher:
 
 
 async def heartbeat(rt: Runtime) -> None:
-    """Tell the database this process's runs are alive (see STUDIO_RUN_STALE_SECONDS)."""
+    """Tell the database this process's working runs are alive (STUDIO_RUN_STALE_SECONDS),
+    and hear of a Stop whose message was lost."""
     while True:
         await asyncio.sleep(settings.STUDIO_RUN_HEARTBEAT_SECONDS)
         try:
-            await rt.off_loop(run_heartbeat, inbox=rt.inbox.name)
+            stopped = await rt.off_loop(run_heartbeat, owner=rt.inbox.name)
         except Exception:
             logger.warning("run heartbeat failed", exc_info=True)
+            continue
+        for run_id in stopped:
+            cancel_from_message({"run_id": run_id})
 
 
-async def cancel_all(rt: Runtime) -> None:
-    """Shutdown: Stop every run here and give them a moment to record it."""
-    runs = list(rt.local_runs().values())
-    for local in runs:
-        local.cancel.cancel()
-    tasks = [local.task for local in runs if local.task is not None and not local.task.done()]
-    if tasks:
-        done, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_SECONDS)
-        if pending:
-            logger.warning(
-                "%d run(s) did not stop in %.0f s; another process or purge_approvals "
-                "will expire them",
-                len(pending),
-                SHUTDOWN_SECONDS,
-            )
+async def sweep(rt: Runtime) -> None:
+    """Resume what no message resumed: timeouts, runs of processes that exited or
+    died, decisions whose resume was lost. Any process may; first claim wins."""
+    since, full_at = timezone.now(), float("-inf")
+    while True:
+        await asyncio.sleep(settings.STUDIO_APPROVAL_POLL_SECONDS)
+        if rt.stopping:
+            return
+        started, now = time.monotonic(), timezone.now()
+        full = started - full_at >= FULL_SWEEP_SECONDS
+        try:
+            run_ids = await rt.off_loop(runs_to_resume, since=None if full else since)
+        except Exception:
+            logger.warning("run sweep failed", exc_info=True)
+            continue
+        since = now
+        if full:
+            full_at = started
+        run_wake(run_ids)
+
+
+def wind_down(rt: Runtime) -> None:
+    """The process is exiting: give working steps STUDIO_SHUTDOWN_GRACE_SECONDS to finish,
+    then leave the rest for another process. Waiting runs belong to no process."""
+    grace = settings.STUDIO_SHUTDOWN_GRACE_SECONDS
+    deadline = time.monotonic() + grace
+    beat = 0.0
+    owner = rt.inbox.name
+    while rt.local_runs() and time.monotonic() < deadline:
+        if time.monotonic() - beat >= 1.0:
+            beat = time.monotonic()
+            try:
+                run_heartbeat(owner=owner)
+            except Exception:
+                logger.warning("run heartbeat failed while winding down", exc_info=True)
+        time.sleep(0.05)
+    left = rt.local_runs()
+    if not left:
+        return
+    for local in left.values():
+        local.cancel.abandon()
+    try:
+        runs_abandon(run_ids=list(left), owner=owner)
+    finally:
+        release_connection()
+    logger.warning(
+        "%d run(s) still working after %.0f s; left for another process to resume",
+        len(left),
+        grace,
+    )

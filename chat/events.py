@@ -1,7 +1,7 @@
 """What a run tells the world, one small type per kind.
 
 The agent yields these; the engine renders them into fragments for every
-tab (``chat.engine.Publisher``) and parks on ``Park``. They carry ids and
+tab (``chat.engine.Publisher``); ``Wait`` ends a step. They carry ids and
 the plain values a fragment needs, never ORM rows.
 """
 
@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-
-from approvals.gate import Slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +89,11 @@ class Done:
     cancelled: bool = False
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Park:
-    """Give the thread back until ``slot`` is woken, Stop, or ``deadline`` (monotonic)."""
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """The run waits for a decision on this call: the step ends, the run is only rows."""
 
-    slot: Slot
-    deadline: float
+    approval_id: str
 
 
-Event = Status | Delta | TurnSaved | ToolStarted | TurnAsked | ToolFinished | Failed | Done | Park
+Event = Status | Delta | TurnSaved | ToolStarted | TurnAsked | ToolFinished | Failed | Done | Wait

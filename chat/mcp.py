@@ -32,10 +32,10 @@ def hub() -> McpHub:
     return rt.mcp
 
 
-async def close_hub(rt: Runtime) -> None:
-    """Shutdown hook: close every MCP session of this process."""
+def close_hub(rt: Runtime) -> None:
+    """As the process exits: close every MCP session of this process."""
     if rt.mcp is not None:
-        await rt.off_loop(rt.mcp.close)
+        rt.mcp.close()
 
 
 def _record(report: Report) -> None:

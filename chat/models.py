@@ -73,8 +73,10 @@ class RunQuerySet(models.QuerySet):
 class Run(models.Model):
     """One agent run: a user message answered, with its tool calls.
 
-    A row, not just a thread, so that "one run per conversation" holds across
-    processes and so Stop can find the process that hosts the run.
+    A run is durable: everything it needs to go on is in rows (its messages,
+    its calls' approval rows, this one). ``owner`` names the process stepping
+    it now, and is blank while it waits for a decision: a waiting run belongs
+    to no process, and any process may claim it (``chat.services.run_claim``).
     """
 
     class Status(models.TextChoices):
@@ -89,8 +91,15 @@ class Run(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
-    # The channel of the process that hosts the run (Stop is sent there).
-    inbox = models.CharField(max_length=200, blank=True)
+    # The channel of the process stepping the run (Stop is sent there); blank
+    # while it waits.
+    owner = models.CharField(max_length=200, blank=True)
+    # The approval id of the call it waits on, while it waits.
+    waiting_on = models.CharField(max_length=64, blank=True)
+    # Stop was pressed: whoever steps the run next ends it.
+    stop_requested = models.BooleanField(default=False)
+    # Times a process took the run over from one that stopped or died.
+    resumes = models.PositiveIntegerField(default=0)
     started_at = models.DateTimeField(auto_now_add=True)
     heartbeat_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -109,9 +118,26 @@ class Run(models.Model):
                 name="one_running_run_per_conversation",
             )
         ]
+        indexes = [
+            # The sweep: unfinished runs by owner and heartbeat (a dead owner),
+            # and waiting runs by the call they wait on.
+            models.Index(
+                fields=["owner", "heartbeat_at"], condition=Q(status="running"), name="run_owner"
+            ),
+            models.Index(fields=["waiting_on"], condition=Q(status="running"), name="run_waiting"),
+        ]
 
     def __str__(self) -> str:
         return f"run {self.id} ({self.status})"
+
+    @property
+    def state(self) -> str:
+        """working, waiting (for a decision) or ready (to be claimed), or how it ended."""
+        if self.status != self.Status.RUNNING:
+            return self.status
+        if self.owner:
+            return "working"
+        return "waiting" if self.waiting_on else "ready"
 
 
 class Message(models.Model):

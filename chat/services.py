@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolRule, can_review
 from approvals.notify import member_group
 from approvals.services.rules import rule_revoke
-from approvals.services.waiting import approvals_end
+from approvals.services.waiting import approval_cancel_run, approvals_time_out
 from chat.models import Conversation, Message, Run
 from chat.tools import builtin_tools
 from studio.runtime import runtime
@@ -119,58 +119,31 @@ def conversation_rule_revoke(*, conversation: Conversation, rule_id: int, user) 
     return rule_revoke(rule=rule, user=user)
 
 
-def run_create(
-    *,
-    run_id: str,
-    conversation_id: int,
-    user,
-    text: str,
-    inbox: str,
-    is_dead: Callable[[str], bool] | None = None,
-) -> tuple[Run, Message]:
-    """Claim the conversation for a new run and save the user's message; returns both.
+def run_create(*, run_id: str, conversation_id: int, user, text: str, owner: str) -> tuple:
+    """Claim the conversation for a new run, owned by ``owner``, and save the
+    user's message; returns (run, message).
 
     The database's partial unique index makes the claim atomic across
-    processes. A run in the way is retired first if its process died: its
-    heartbeat is stale, or ``is_dead(run_id)`` says so (a single-process
-    deployment knows every live run, so one it does not know died with the
-    previous server). The caller registers ``run_id`` as live *before*
-    calling, so a concurrent send never mistakes this run for a dead one.
+    processes: a conversation whose run goes on (working or waiting, in any
+    process) refuses a second one with ``RunBusy``.
     """
     conversation = Conversation.objects.select_related("owner").get(pk=conversation_id, owner=user)
-    for attempt in range(2):
-        try:
-            with transaction.atomic():
-                # The owner as read here, not ``user``: the run keeps it for its
-                # life, and a view's ``request.user`` is a lazy object that holds
-                # its whole request (11 KB more per parked run, measured at 10,000).
-                run = Run.objects.create(
-                    id=run_id,
-                    conversation=conversation,
-                    started_by=conversation.owner,
-                    inbox=inbox,
-                )
-                message = Message.objects.create(
-                    conversation=conversation,
-                    run=run,
-                    role=Message.Role.USER,
-                    content=text,
-                )
-                if conversation.title == "New chat":
-                    conversation.title = _title_from(text)
-                conversation.save(update_fields=["title", "updated_at"])
-            return run, message
-        except IntegrityError:
-            if attempt:
-                raise RunBusy(conversation_id) from None
-            retired = runs_retire(runs=stale_runs(conversation_id=conversation_id))[0]
-            if not retired and is_dead is not None:
-                running = Run.objects.running().filter(conversation_id=conversation_id)
-                dead = [i for i in running.values_list("id", flat=True) if is_dead(str(i))]
-                retired = runs_retire(runs=Run.objects.filter(pk__in=dead))[0]
-            if not retired:
-                raise RunBusy(conversation_id) from None
-    raise RunBusy(conversation_id)
+    try:
+        with transaction.atomic():
+            # The owner as read here, not ``user``: a view's ``request.user``
+            # is a lazy object that holds its whole request.
+            run = Run.objects.create(
+                id=run_id, conversation=conversation, started_by=conversation.owner, owner=owner
+            )
+            message = Message.objects.create(
+                conversation=conversation, run=run, role=Message.Role.USER, content=text
+            )
+            if conversation.title == "New chat":
+                conversation.title = _title_from(text)
+            conversation.save(update_fields=["title", "updated_at"])
+    except IntegrityError:
+        raise RunBusy(conversation_id) from None
+    return run, message
 
 
 def _title_from(text: str) -> str:
@@ -178,58 +151,137 @@ def _title_from(text: str) -> str:
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1] + "…"
 
 
-def stale_runs(*, conversation_id: int | None = None):
-    """Running runs whose process stopped refreshing their heartbeat (it died)."""
-    cutoff = timezone.now() - timedelta(seconds=settings.STUDIO_RUN_STALE_SECONDS)
-    runs = Run.objects.running().filter(heartbeat_at__lt=cutoff)
-    if conversation_id is not None:
-        runs = runs.filter(conversation_id=conversation_id)
-    return runs
+@dataclass(frozen=True)
+class Claim:
+    run: Run
+    # Taken over from a process that exited or died (not woken by a decision).
+    resumed: bool
 
 
-def runs_retire(*, runs, dry_run: bool = False) -> tuple[int, int]:
-    """Mark runs of dead processes as failed and expire their pending approvals.
+def run_claim(*, run_id: str, owner: str) -> Claim | None:
+    """Take the run to step it, if it can go on and nobody steps it; first claim wins.
 
-    Their cards turn "Expired" in every open tab. Returns (runs, approvals).
+    It can be claimed when it waits and the call it waits on was decided (or
+    it was stopped), when an exiting process left it, or when its owner's
+    heartbeat is older than STUDIO_RUN_STALE_SECONDS (that process died).
+    One conditional update on the row as read decides between claimants.
     """
-    ids = [str(i) for i in runs.filter(status=Run.Status.RUNNING).values_list("id", flat=True)]
-    if not ids:
-        return 0, 0
-    pending = ToolApproval.objects.filter(run_id__in=ids)
-    if dry_run:
-        return len(ids), pending.pending().count()
-    retired = (
+    run = (
+        Run.objects.running().select_related("conversation", "started_by").filter(pk=run_id).first()
+    )
+    if run is None:
+        return None
+    now = timezone.now()
+    stale = run.heartbeat_at < now - timedelta(seconds=settings.STUDIO_RUN_STALE_SECONDS)
+    if run.owner and not stale:
+        return None  # being stepped
+    if not run.owner and run.waiting_on and not run.stop_requested:
+        if ToolApproval.objects.pending().filter(approval_id=run.waiting_on).exists():
+            return None  # still waiting: nothing to do yet
+    resumed = bool(run.owner) or not run.waiting_on
+    won = Run.objects.filter(
+        pk=run.pk, status=Run.Status.RUNNING, owner=run.owner, heartbeat_at=run.heartbeat_at
+    ).update(owner=owner, waiting_on="", heartbeat_at=now, resumes=F("resumes") + int(resumed))
+    if not won:
+        return None
+    if resumed:
+        logger.info("run %s resumed here (it was %s)", run.pk, run.owner or "left by its process")
+    run.owner, run.waiting_on, run.heartbeat_at = owner, "", now
+    return Claim(run=run, resumed=resumed)
+
+
+def run_release(*, run_id: str, owner: str, waiting_on: str) -> bool:
+    """The run waits for a decision on ``waiting_on``: it belongs to no process now."""
+    return bool(
         Run.objects.running()
-        .filter(pk__in=ids)
-        .update(
-            status=Run.Status.ERROR,
-            finished_at=timezone.now(),
-            error="The server process running this stopped.",
-        )
+        .filter(pk=run_id, owner=owner)
+        .update(owner="", waiting_on=waiting_on, heartbeat_at=timezone.now())
     )
-    expired = approvals_end(pending=pending, reason=ToolApproval.Reason.EXPIRED)
-    return retired, len(expired)
 
 
-def on_purge(sender, *, dry_run: bool, report: list, **kwargs) -> None:
-    """purge_approvals asks every app for its part: ours is the runs of dead processes."""
-    retired, expired = runs_retire(runs=stale_runs(), dry_run=dry_run)
-    if retired:
-        verb = "Would retire" if dry_run else "Retired"
-        report.append(
-            f"{verb} {retired} run(s) of dead server processes with {expired} pending approval(s)."
-        )
-
-
-def run_heartbeat(*, inbox: str) -> int:
-    """Mark every running run of the process with this inbox alive (one statement)."""
-    if not inbox:
-        return 0
-    return Run.objects.running().filter(inbox=inbox).update(heartbeat_at=timezone.now())
-
-
-def run_finish(*, run_id: str, status: str, error: str = "") -> None:
-    """Record how the run ended; a run ended already (retired as dead, say) keeps its record."""
-    Run.objects.filter(pk=run_id, status=Run.Status.RUNNING).update(
-        status=status, error=error[:2000], finished_at=timezone.now()
+def runs_abandon(*, run_ids: list[str], owner: str) -> int:
+    """Leave runs this exiting process was stepping for another process to resume at once."""
+    return (
+        Run.objects.running()
+        .filter(pk__in=run_ids, owner=owner)
+        .update(owner="", waiting_on="", heartbeat_at=timezone.now())
     )
+
+
+def run_finish(*, run_id: str, status: str, owner: str | None = None, error: str = "") -> None:
+    """Record how the run ended (by its owner, when ``owner`` is given)."""
+    runs = Run.objects.filter(pk=run_id, status=Run.Status.RUNNING)
+    if owner is not None:
+        runs = runs.filter(owner=owner)
+    runs.update(
+        status=status,
+        owner="",
+        waiting_on="",
+        error=error[:2000],
+        finished_at=timezone.now(),
+    )
+
+
+def run_heartbeat(*, owner: str) -> list[str]:
+    """Mark the runs ``owner`` steps alive; returns those of them Stop was pressed for."""
+    if not owner:
+        return []
+    runs = Run.objects.running().filter(owner=owner)
+    runs.update(heartbeat_at=timezone.now())
+    return [str(i) for i in runs.filter(stop_requested=True).values_list("id", flat=True)]
+
+
+def run_stop_request(*, conversation_id: int, user) -> Run | None:
+    """Mark the conversation's run as stopped and end the calls it waits on; returns it.
+
+    A waiting run's next step (the calls ending wakes it) then ends it; a
+    working one hears of it through its cancel token (the caller's part).
+    """
+    run = (
+        Run.objects.running()
+        .filter(conversation_id=conversation_id, conversation__owner=user)
+        .only("id", "owner")
+        .first()
+    )
+    if run is None:
+        return None
+    Run.objects.filter(pk=run.pk).update(stop_requested=True)
+    approval_cancel_run(run_id=str(run.pk))
+    return run
+
+
+# At most this many runs are resumed per sweep (the next sweep takes the rest).
+SWEEP_BATCH = 200
+
+
+def runs_to_resume(*, since: datetime | None = None) -> list[str]:
+    """Runs that can go on and that nobody steps: what a sweep resumes.
+
+    First the calls whose time is up end (their runs are woken like any).
+    Then: runs an exiting process left, runs whose owner died, and waiting
+    runs whose call was decided (``since``: only those decided since then;
+    None: every waiting run is looked at).
+    """
+    approvals_time_out()
+    now = timezone.now()
+    running = Run.objects.running()
+    dead = running.exclude(owner="").filter(
+        heartbeat_at__lt=now - timedelta(seconds=settings.STUDIO_RUN_STALE_SECONDS)
+    )
+    left = running.filter(owner="", waiting_on="")
+    waiting = running.filter(owner="").exclude(waiting_on="")
+    if since is None:
+        pending = ToolApproval.objects.pending().filter(approval_id=OuterRef("waiting_on"))
+        decided = waiting.exclude(Exists(pending))
+    else:
+        recent = ToolApproval.objects.decided().filter(decided_at__gte=since - SWEEP_OVERLAP)
+        decided = waiting.filter(waiting_on__in=recent.values("approval_id"))
+    ids: list[str] = []
+    for runs in (dead, left, decided):
+        ids += [str(i) for i in runs.values_list("id", flat=True)[: SWEEP_BATCH - len(ids)]]
+    return ids
+
+
+# The quick sweep reaches this far before the previous one (clock skew
+# between processes, commits that took a moment).
+SWEEP_OVERLAP = timedelta(seconds=5)

@@ -1,8 +1,7 @@
 """The cancel token runs, tools and model clients share, and the latch under it.
 
 It lives here, outside both apps, because ``chat.llm`` and ``chat.tools`` are
-pure clients and executors that must not import ``approvals``; the gate's
-slots (``approvals.gate.Slot``) are latches too.
+pure clients and executors that must not import ``approvals``.
 """
 
 from __future__ import annotations
@@ -14,9 +13,9 @@ from collections.abc import Callable
 class Latch:
     """A flag that stays set once set, and calls back whoever subscribed to it.
 
-    ``subscribe`` instead of ``wait`` lets a caller that owns no thread (a
-    parked run on the event loop) hear of it; a callback given after the
-    flag is set runs at once, so nothing set in between is missed.
+    ``subscribe`` instead of ``wait`` lets a caller blocked on something else
+    (a model's stream, a sandboxed tool) hear of it; a callback given after
+    the flag is set runs at once, so nothing set in between is missed.
     """
 
     def __init__(self) -> None:
@@ -58,9 +57,18 @@ class Latch:
 class CancelToken(Latch):
     """A cancel flag that can also wake whoever is blocked on its behalf.
 
-    Stop, a closed run or a shutting-down server call ``cancel()``; a waiting
-    slot subscribes so the wait ends at once instead of at the next poll.
+    Stop calls ``cancel()``; a model stream or a tool that is blocked
+    subscribes, so it ends at once instead of at its next look.
     """
 
+    # The process gave the run up as it exited (see ``abandon``).
+    abandoned = False
+
     def cancel(self) -> None:
+        self._set()
+
+    def abandon(self) -> None:
+        """Stop the work at hand for a process that is exiting: unlike Stop, the
+        run records nothing of it, and another process takes the run on."""
+        self.abandoned = True
         self._set()

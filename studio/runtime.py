@@ -1,25 +1,24 @@
 """Process-wide state in one typed object, made once when the process starts.
 
-``runtime()`` returns the process's ``Runtime``: the approval gate, the
-worker pools, the channel-layer outbox and inbox, and the table of runs this
-process hosts. Its asyncio parts start on the server's event loop the first
-time a request or socket arrives (``await runtime().start()``); nothing here
-is created at import time or sized from settings read at import.
+``runtime()`` returns the process's ``Runtime``: the worker pools, the
+channel-layer outbox and inbox, and the table of runs this process is
+stepping now (a run waiting for a decision is only rows). Its asyncio parts
+start on the server's event loop the first time a request or socket arrives
+(``await runtime().start()``); nothing here is created at import time or
+sized from settings read at import.
 
 Apps plug their behaviour in at start-up (``AppConfig.ready``): approvals
-registers the inbox's ``approval.decided`` handler and the poll; chat its
-``run.cancel`` handler, heartbeat and shutdown. So this module imports
-neither app's services.
+its webhook; chat the inbox's ``run.cancel`` handler, the heartbeat, the
+sweep that resumes runs, and what happens as the process exits. So this
+module imports neither app's services.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
-import heapq
-import itertools
 import logging
-import math
 import queue
 import threading
 import weakref
@@ -28,13 +27,12 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection
 
-from approvals.gate import Gate
 from studio.cancel import CancelToken
 
 if TYPE_CHECKING:
@@ -100,7 +98,7 @@ class DaemonPool(Executor):
 def release_connection() -> None:
     """End of a unit of work on a pool thread.
 
-    A PostgreSQL connection goes back to its pool (a parked run must hold
+    A PostgreSQL connection goes back to its pool (a waiting run must hold
     none); SQLite's stays open (reopening costs more than the work).
     """
     if connection.vendor != "sqlite" and not connection.in_atomic_block:
@@ -115,64 +113,18 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-class Later:
-    """A delayed send (``Outbox.group_later``): either taken back or sent, once."""
-
-    def __init__(self, message: dict) -> None:
-        self.message = message
-        self._lock = threading.Lock()
-        self._done = False
-
-    @property
-    def settled(self) -> bool:
-        """Taken back or sent."""
-        return self._done
-
-    def take_back(self) -> bool:
-        """True if it was not sent and now never will be; False if it is on its way.
-
-        On its way means already in the outbox's queue: whatever the caller
-        sends next goes after it.
-        """
-        return self._finish()
-
-    def fire(self) -> bool:
-        """(The outbox, when the delay is up.) True if it is to be sent now."""
-        return self._finish()
-
-    def _finish(self) -> bool:
-        with self._lock:
-            if self._done:
-                return False
-            self._done = True
-            return True
-
-
 class Outbox:
     """Channel-layer sends from any thread, in order, without blocking the sender.
 
     Delivery is at most once (the row is the truth): a send that fails is
     logged and dropped. With no server loop running (a management command, a
-    plain test) a send is made synchronously instead.
-
-    Delayed sends (``group_later``) share one timer on the loop, set for the
-    earliest one still to go. A worker thread wakes the loop only when its
-    send is due before that: a status line or a card taken back a moment
-    later (most of them) costs the loop nothing, where a timer of its own
-    cost two turns of the loop, one to set it and one to fire it.
+    plain test, a process winding down) a send is made synchronously instead.
     """
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
-        # Delayed sends: a heap of (due, seq, Later, item), on loop.time().
-        self._timers: list[tuple] = []
-        self._timers_lock = threading.Lock()
-        self._seq = itertools.count()
-        # When the loop's timer fires next (inf: not set), and its handle.
-        self._wake_at = math.inf
-        self._handle: asyncio.TimerHandle | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -182,11 +134,6 @@ class Outbox:
     async def close(self) -> None:
         if self._task is not None:
             await _cancel([self._task])
-        if self._handle is not None:
-            self._handle.cancel()
-        with self._timers_lock:
-            self._timers.clear()
-            self._wake_at, self._handle = math.inf, None
         self.loop = self._queue = self._task = None
 
     def group(self, group: str, message: dict, *, wait: bool = False) -> None:
@@ -204,64 +151,6 @@ class Outbox:
         with contextlib.suppress(Exception):
             done.result(timeout=10)
 
-    def group_later(self, group: str, message: dict, delay: float) -> Later:
-        """Send to a group in ``delay`` seconds, unless ``Later.take_back()`` comes first.
-
-        A run's status line ("Running python…") is worth a message only when
-        what it announces takes a while: a quick step takes it back and sends
-        it with its next fragments instead. A message nobody takes back just
-        steps aside for what is sent meanwhile (the inboxes' change notices,
-        see ``approvals.services.decisions.inbox_broadcast``). With no server loop it
-        is sent now.
-        """
-        later = Later(message)
-        item = ("group", group, message, None)
-        loop, q = self.loop, self._queue
-        if loop is None or q is None or loop.is_closed() or not loop.is_running():
-            later.fire()
-            self._put(item)
-            return later
-        due = loop.time() + delay
-        with self._timers_lock:
-            heapq.heappush(self._timers, (due, next(self._seq), later, item))
-            sooner = due < self._wake_at
-            if sooner:
-                self._wake_at = due  # the timer is being set for this one or sooner
-        if sooner:
-            if _running_loop() is loop:
-                self._set_timer()
-            else:
-                loop.call_soon_threadsafe(self._set_timer)
-        return later
-
-    def _set_timer(self) -> None:
-        """(On the loop.) Set the one timer for the earliest delayed send still to go."""
-        loop = self.loop
-        if loop is None:
-            return
-        with self._timers_lock:
-            while self._timers and self._timers[0][2].settled:
-                heapq.heappop(self._timers)  # taken back: nothing to wake for
-            due = self._timers[0][0] if self._timers else math.inf
-            self._wake_at = due
-        if self._handle is not None:
-            self._handle.cancel()
-        self._handle = None if due == math.inf else loop.call_at(due, self._fire_due)
-
-    def _fire_due(self) -> None:
-        """(On the loop.) Send every delayed message whose time has come, then reset the timer."""
-        self._handle = None
-        now = self.loop.time()
-        due = []
-        with self._timers_lock:
-            while self._timers and self._timers[0][0] <= now:
-                due.append(heapq.heappop(self._timers))
-            self._wake_at = math.inf
-        for _, _, later, item in due:
-            if later.fire():
-                self._queue.put_nowait(item)
-        self._set_timer()
-
     def channel(self, channel: str, message: dict) -> None:
         if channel:
             self._put(("channel", channel, message, None))
@@ -270,25 +159,30 @@ class Outbox:
         loop, q = self.loop, self._queue
         running = _running_loop()
         if loop is None or q is None or loop.is_closed() or not loop.is_running():
-            deliver = async_to_sync(self._deliver)
             if running is None:
-                deliver(item)
-                if item[3] is not None:
-                    item[3].set_result(None)
+                self._deliver_now(item)
             else:
                 # Some other loop runs in this thread (a test driving a
                 # browser): deliver from a thread of its own.
-                thread = threading.Thread(target=deliver, args=(item,), daemon=True)
+                thread = threading.Thread(target=self._deliver_now, args=(item,), daemon=True)
                 thread.start()
                 thread.join(10)
-                if item[3] is not None:
-                    item[3].set_result(None)
+            if item[3] is not None:
+                item[3].set_result(None)
         elif running is loop:
             if item[3] is not None:  # waiting on the loop's own thread would deadlock
                 item = (*item[:3], None)
             q.put_nowait(item)
         else:
             loop.call_soon_threadsafe(q.put_nowait, item)
+
+    def _deliver_now(self, item: tuple) -> None:
+        """Deliver on a loop of this thread's own. Not ``async_to_sync``: it needs
+        an executor, and a process winding down (atexit) can start none."""
+        try:
+            asyncio.run(self._deliver(item))
+        except Exception:
+            logger.warning("%s send to %s failed", item[0], item[1], exc_info=True)
 
     async def _drain(self, q: asyncio.Queue) -> None:
         while True:
@@ -335,17 +229,14 @@ class Outbox:
 class Inbox:
     """This process's own channel, and the tasks that serve it.
 
-    Rows record the inbox of the process whose run waits on them; decisions
-    and Stops made in another process are sent here. A poll re-reads the
-    waiting rows in case such a message was lost, and (with Redis) a watcher
-    notices a Redis restart so sockets can re-join their groups.
+    A run's row names the inbox of the process stepping it; a Stop pressed
+    in another process is sent here. With Redis, a watcher notices a Redis
+    restart so sockets can re-join their groups.
     """
 
     def __init__(self) -> None:
         self.name = ""
         self.handlers: dict[str, Callable[[dict], None]] = {}
-        # Re-reads this process's waiting rows; set by approvals at start-up.
-        self.poll: Callable[[], object] | None = None
         self._tasks: list[asyncio.Task] = []
         # Bound methods called (on the loop) when Redis restarted and lost
         # every group. Weak: a consumer that crashed without disconnect()
@@ -361,15 +252,13 @@ class Inbox:
     def off_layer_reset(self, callback: Callable[[], Awaitable[None]]) -> None:
         self._reset_callbacks.pop(id(callback.__self__), None)
 
-    async def open(self, loop: asyncio.AbstractEventLoop, rt: Runtime) -> None:
+    async def open(self, loop: asyncio.AbstractEventLoop) -> None:
         layer = get_channel_layer()
         # Default prefix on purpose: a layer may treat a process's "specific."
         # channels as one (channels-redis's core layer receives them through
         # one list under one lock, which another prefix would hold alone).
         self.name = await layer.new_channel()
         self._tasks = [loop.create_task(self._listen(layer, self.name))]
-        if self.poll is not None:
-            self._tasks.append(loop.create_task(self._poll(rt)))
         if settings.REDIS_URL:
             self._tasks.append(
                 loop.create_task(
@@ -407,17 +296,6 @@ class Inbox:
                 continue
             delay = 0.1
             self.dispatch(message)
-
-    async def _poll(self, rt: Runtime) -> None:
-        while True:
-            try:
-                await rt.off_loop(self.poll)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # Database down: parked runs notice the poller is stale and check themselves.
-                logger.warning("approval poller failed", exc_info=True)
-            await asyncio.sleep(settings.STUDIO_APPROVAL_POLL_SECONDS)
 
     async def _watch_redis(self, url: str, interval: float) -> None:
         """Notice a Redis restart (its run_id changes) and tell the consumers.
@@ -491,41 +369,38 @@ async def _cancel(tasks: list[asyncio.Task], timeout: float = 2.0) -> None:
 
 @dataclass(eq=False)
 class LocalRun:
-    """A run this process hosts: its cancel token and the task that drives it."""
+    """A run this process is stepping now: its cancel token (Stop reaches it here)."""
 
     run_id: str
     conversation_id: int
     cancel: CancelToken = field(default_factory=CancelToken)
-    task: asyncio.Task | None = None
-    # Parked on a decision (holding no thread) rather than working.
-    parked: bool = False
-    # What the launch wrote (the run's row and the user's message), for the
-    # run's first step to use instead of reading them back.
-    launched: tuple | None = None
 
 
 class Runtime:
     """Everything this process keeps between requests (see the module docstring)."""
 
     def __init__(self, *, agent_workers: int) -> None:
-        self.gate = Gate()
-        # Runs that are *working*; a parked run holds none of these.
+        # Runs that are *working*; a waiting run holds nothing in any process.
         self.agent_pool = DaemonPool(agent_workers, "studio-agent")
-        # Short database work off the loop (sockets, the poller, the heartbeat):
+        # Short database work off the loop (sockets, the sweep, the heartbeat):
         # never queued behind a full agent pool.
         self.io_pool = DaemonPool(4, "studio-io")
         self.outbox = Outbox()
         self.inbox = Inbox()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.lock = threading.Lock()
+        # Runs this process is stepping now, and runs queued to be claimed here.
         self.runs: dict[str, LocalRun] = {}
-        # Loop-bound services the apps add (chat's heartbeat), and their
-        # wind-down before the process exits (chat cancels its runs).
+        self.queued: set[str] = set()
+        # The process is exiting: it takes no new work.
+        self.stopping = False
+        # Loop-bound services the apps add (chat's heartbeat and sweep), and
+        # what they do as the process exits (chat lets working runs finish).
         self.services: list[Callable[[Runtime], Awaitable[None]]] = []
-        self.on_shutdown: list[Callable[[Runtime], Awaitable[None]]] = []
+        self.on_exit: list[Callable[[Runtime], None]] = []
         self._tasks: list[asyncio.Task] = []
         self._ready: asyncio.Event | None = None
-        self._trigger = None
+        self._exit_registered = False
         # This process's MCP sessions (chat.mcp makes it on first use).
         self.mcp: McpHub | None = None
 
@@ -539,41 +414,42 @@ class Runtime:
             return
         # A new loop (the first request, or a test's own loop): start on it.
         self.loop = loop
+        self.stopping = False
         self._ready = asyncio.Event()
         try:
             self.outbox.start(loop)
-            await self.inbox.open(loop, self)
+            await self.inbox.open(loop)
             self._tasks = [loop.create_task(service(self)) for service in self.services]
-            self._install_shutdown_trigger()
+            if not self._exit_registered:
+                # daphne returns from its reactor on SIGTERM and the
+                # interpreter exits: the apps wind down then, on this thread.
+                atexit.register(self.exit)
+                self._exit_registered = True
         finally:
             self._ready.set()
 
     async def stop(self) -> None:
-        """Wind down: the apps' shutdown hooks, then the loop-bound tasks."""
-        for hook in self.on_shutdown:
-            try:
-                await hook(self)
-            except Exception:
-                logger.exception("shutdown hook failed")
+        """Stop the loop-bound tasks (tests; a server process ends with ``exit``)."""
         tasks, self._tasks = self._tasks, []
         await _cancel(tasks)
         await self.inbox.close()
         await self.outbox.close()
         self.loop = None
 
-    def _install_shutdown_trigger(self) -> None:
-        """Under daphne: before the reactor stops (SIGTERM), wind down first."""
-        try:
-            from twisted.internet import defer, reactor
-        except ImportError:
-            return
-        if self._trigger is not None or not getattr(reactor, "running", False):
-            return
+    def exit(self) -> None:
+        """The process is exiting: take no new work, and let the apps wind down."""
+        self.stopping = True
+        for hook in self.on_exit:
+            try:
+                hook(self)
+            except Exception:
+                logger.exception("exit hook failed")
 
-        def before_shutdown():
-            return defer.Deferred.fromFuture(asyncio.ensure_future(self.stop()))
-
-        self._trigger = reactor.addSystemEventTrigger("before", "shutdown", before_shutdown)
+    @property
+    def serving(self) -> bool:
+        """True while this process takes new work: a server loop runs, and it is not exiting."""
+        loop = self.loop
+        return not self.stopping and loop is not None and loop.is_running()
 
     def call_soon(self, callback: Callable, *args) -> bool:
         """Run ``callback`` on the server loop from any thread; False if none runs."""
@@ -594,15 +470,11 @@ class Runtime:
 
         return await sync_to_async(call, thread_sensitive=False, executor=pool or self.io_pool)()
 
-    # -- runs hosted here ------------------------------------------------------------------
+    # -- runs stepped here -----------------------------------------------------------------
 
     def local_runs(self) -> dict[str, LocalRun]:
         with self.lock:
             return dict(self.runs)
-
-    def working_runs(self) -> int:
-        with self.lock:
-            return sum(1 for run in self.runs.values() if not run.parked)
 
 
 _RUNTIME: Runtime | None = None
@@ -625,9 +497,8 @@ def replace_runtime(**sizes: int) -> Runtime:
     old = runtime()
     new = Runtime(agent_workers=sizes.get("agent_workers", settings.STUDIO_AGENT_WORKERS))
     new.inbox.handlers = dict(old.inbox.handlers)
-    new.inbox.poll = old.inbox.poll
     new.services = list(old.services)
-    new.on_shutdown = list(old.on_shutdown)
+    new.on_exit = list(old.on_exit)
     _RUNTIME = new
     return new
 

@@ -141,9 +141,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "NAME": str(BASE_DIR / f".test-{env_str('STUDIO_TEST_DB_SUFFIX', 'db')}.sqlite3")
     }
 if _db["ENGINE"] == "django.db.backends.postgresql":
-    # A pool: runs close their connection while they wait (a thousand parked
-    # runs must not hold a thousand connections) and take one back cheaply;
-    # a burst of woken runs queues for a connection instead of failing.
+    # A pool: each step of a run gives its connection back when it ends (a
+    # waiting run holds none) and takes one back cheaply; a burst of resumed
+    # runs queues for a connection instead of failing.
     _db.setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": env_int("STUDIO_DB_POOL_SIZE", 20, minimum=2),
@@ -232,7 +232,9 @@ LOGGING = {
 }
 
 # Studio
-STUDIO_APPROVAL_TIMEOUT = env_float("STUDIO_APPROVAL_TIMEOUT", 3600, minimum=0.01)
+# A call waits this long for a person (it is only a row meanwhile): three
+# days, so a call asked on a Friday afternoon still waits on Monday.
+STUDIO_APPROVAL_TIMEOUT = env_float("STUDIO_APPROVAL_TIMEOUT", 3 * 24 * 3600, minimum=0.01)
 STUDIO_APPROVAL_POLL_SECONDS = env_float("STUDIO_APPROVAL_POLL_SECONDS", 2, minimum=0.01)
 # A chat tool's incoming webhook: one POST for each call that has waited this
 # many seconds (approvals.webhook). Off when unset.
@@ -257,11 +259,15 @@ STUDIO_NOTE_MAX_LENGTH = 2000
 STUDIO_LAYER_WATCH_SECONDS = env_float("STUDIO_LAYER_WATCH_SECONDS", 5, minimum=0.1)
 # Tools the admin lets run without a prompt for everybody (still recorded).
 STUDIO_AUTO_ALLOW_TOOLS = env_list("STUDIO_AUTO_ALLOW_TOOLS", [])
-# A process refreshes its runs' heartbeat this often; a running run whose
-# heartbeat is older than the stale limit belongs to a dead process.
-STUDIO_RUN_HEARTBEAT_SECONDS = env_float("STUDIO_RUN_HEARTBEAT_SECONDS", 30, minimum=0.1)
-STUDIO_RUN_STALE_SECONDS = env_float("STUDIO_RUN_STALE_SECONDS", 90, minimum=0.3)
-# Threads for runs that are working (a run parked on a decision holds none).
+# A process refreshes the heartbeat of the runs it steps this often; a run
+# whose heartbeat is older than the stale limit belongs to a dead process,
+# and another process resumes it.
+STUDIO_RUN_HEARTBEAT_SECONDS = env_float("STUDIO_RUN_HEARTBEAT_SECONDS", 10, minimum=0.1)
+STUDIO_RUN_STALE_SECONDS = env_float("STUDIO_RUN_STALE_SECONDS", 45, minimum=0.3)
+# On SIGTERM, working steps get this long to finish; the rest are left for
+# another process to resume.
+STUDIO_SHUTDOWN_GRACE_SECONDS = env_float("STUDIO_SHUTDOWN_GRACE_SECONDS", 20, minimum=0)
+# Threads for runs that are working (a run waiting for a decision holds none).
 STUDIO_AGENT_WORKERS = env_int("STUDIO_AGENT_WORKERS", 64, minimum=1)
 STUDIO_MAX_TOOL_ITERATIONS = env_int("STUDIO_MAX_TOOL_ITERATIONS", 25, minimum=1)
 STUDIO_TOOL_TIMEOUT = env_float("STUDIO_TOOL_TIMEOUT", 300, minimum=0.1)

@@ -13,8 +13,6 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
-from approvals.gate import Gate
-from studio.runtime import runtime
 from tests.factories import make_conversation, make_user
 
 REQUIRE_SERVICES = os.environ.get("STUDIO_REQUIRE_SERVICES") == "1"
@@ -109,14 +107,6 @@ def admin_user(db):
 @pytest.fixture
 def conversation(alice):
     return make_conversation(alice, title="Alice's chat")
-
-
-@pytest.fixture
-def gate() -> Gate:
-    """The process's gate (decisions wake it), emptied after each test."""
-    gate = runtime().gate
-    yield gate
-    gate.clear()
 
 
 @pytest.fixture(scope="session")

@@ -97,13 +97,7 @@ def _root_name(node: ast.AST) -> str | None:
 
 @pytest.mark.parametrize("path", app_modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_app_code_uses_public_apis_only(path):
-    found = violations(path.read_text())
-    # The one left: a run waiting in a process is cancelled before daphne's
-    # reactor stops. It goes when waiting runs outlive their process (issue 35).
-    if path == ROOT / "studio" / "runtime.py":
-        assert found == ["imports from twisted.internet"]
-    else:
-        assert found == []
+    assert violations(path.read_text()) == []
 
 
 @pytest.mark.parametrize(

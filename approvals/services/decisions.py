@@ -1,9 +1,9 @@
 """Decisions on tool calls: who may decide what, the first decision wins, cards.
 
 * ``approval_decide`` records the first decision with one conditional update
-  and wakes the waiter after commit, in this process or through the channel
-  layer in another; whatever lets a call run reads the rules again first
-  (``approvals.services.rules``), on the arguments that would run;
+  and, after commit, lets its run go on (``calls_settled``); whatever lets
+  a call run reads the rules again first (``approvals.services.rules``), on
+  the arguments that would run;
 * ``approvals_decide`` is one decision for several calls, first wins per row;
 * ``card_render`` draws a call's card, the same for the page, the socket and
   the decision's answer; ``card_broadcast`` sends it to every tab.
@@ -32,6 +32,7 @@ from approvals.services.rules import (
     rule_hit,
     speaks_for,
 )
+from approvals.signals import calls_settled
 from studio.runtime import runtime
 from studio.shell import Reading
 from studio.text import strip_nul, strip_nul_json
@@ -52,19 +53,6 @@ DECISIONS: dict[str, tuple[str, str]] = {
     "deny": (Status.DENIED, Reason.USER),
 }
 MAX_BATCH = 100
-
-# Inboxes and header counts hear of a card asked or decided this much later:
-# the card itself and the run's next fragments (a tool's result) go first.
-# A header count waits for a burst of changes to settle anyway
-# (approvals.consumers.REFRESH_SECONDS). Measured with bench/ab.py rt: the
-# round trip 0.87x, its CPU 0.84x, with the count's message out of its way.
-INBOX_DELAY_SECONDS = 0.02
-# A card decided for a run parked in this process waits at most this long for
-# the run's next fragments to carry it (see _decided); a tool's result
-# usually comes first. The member who decided sees the card at once (the
-# decision's answer); other tabs, by this much later at worst. Measured with
-# bench/ab.py rt: see bench/RESULTS.md (change 25).
-CARD_SECONDS = 0.15
 
 
 class ApprovalNotFound(Exception):
@@ -409,34 +397,11 @@ def approvals_decide(
 
 
 def _decided(result: DecideResult) -> None:
-    """After a decision commits: wake the run waiting on it, then show every tab the card.
-
-    When the run is parked in this process, the card rides with the run's
-    next fragments (the tool's result when it is quick): its broadcast is
-    handed to the run on a CARD_SECONDS timer, which sends it alone if they
-    are slower. One message to the tabs instead of two.
-    """
-    rt = runtime()
+    """After a decision commits: show every tab the card, and let its run go on."""
     approval = result.approval
-    card = None
-    # (An Always allow's card also redraws the settings panel: sent as it is.)
-    if approval.reason != Reason.ALWAYS_ALLOW and rt.gate.is_parked(approval.approval_id):
-        group = approval.conversation.group_name
-        message = _card_message(approval, result.card_html)
-        card = rt.outbox.group_later(group, message, CARD_SECONDS)
-    if rt.gate.has(approval.approval_id):
-        # Here: hand the run the committed row, so it need not read it again.
-        rt.gate.wake(approval.approval_id, outcome=approval, card=card)
-    else:
-        inbox = approval.waiter_inbox
-        if inbox and inbox != rt.inbox.name:
-            rt.outbox.channel(
-                inbox, {"type": "approval.decided", "approval_id": approval.approval_id}
-            )
-    if card is not None:
-        inbox_broadcast(approval)
-        return
     card_broadcast(approval, result.card_html)
+    if approval.run_id:
+        calls_settled.send(sender=ToolApproval, run_ids={approval.run_id})
 
 
 def card_broadcast(approval: ToolApproval, html: str) -> None:
@@ -457,9 +422,7 @@ def _card_message(approval: ToolApproval, html: str) -> dict:
 def inbox_broadcast(approval: ToolApproval) -> None:
     """Tell the inboxes (and header counts) of whoever may decide it that it came or went.
 
-    Ids only: each socket renders the card for its own member. It leaves
-    INBOX_DELAY_SECONDS later, out of the way of what the decision's member
-    waits for.
+    Ids only: each socket renders the card for its own member.
     """
     message = {
         "type": "inbox.changed",
@@ -467,6 +430,6 @@ def inbox_broadcast(approval: ToolApproval) -> None:
         "pending": approval.is_pending,
     }
     outbox = runtime().outbox
-    outbox.group_later(member_group(approval.conversation.owner_id), message, INBOX_DELAY_SECONDS)
+    outbox.group(member_group(approval.conversation.owner_id), message)
     if approval.needs_review:
-        outbox.group_later(REVIEWERS_GROUP, message, INBOX_DELAY_SECONDS)
+        outbox.group(REVIEWERS_GROUP, message)

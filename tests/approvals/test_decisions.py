@@ -291,23 +291,23 @@ def test_allow_then_stop_before_the_run_looks_runs_the_call_and_says_so(
     """The row, the card and the model's text agree: the first decision (Allow) wins,
     the call runs, and the run stops after it."""
     from chat.agent import Agent, AgentSettings
-    from chat.events import Park
+    from chat.events import Wait
     from studio.cancel import CancelToken
 
     workspace = conversation.workspace
     code = {"code": "open('stopped.txt', 'w').write('ran'); print('ran')"}
     model = ScriptedModel([("", [call("python", code)])])
     cancel = CancelToken()
-    agent = Agent(
-        conversation=conversation, model=model, cancel=cancel, user=alice,
-        run=make_run(conversation), knobs=AgentSettings.from_django(poll=30),
-    )  # fmt: skip
-    steps = agent.events()
+    details = {
+        "conversation": conversation, "model": model, "cancel": cancel, "user": alice,
+        "run": make_run(conversation), "knobs": AgentSettings.from_django(),
+    }  # fmt: skip
+    steps = Agent(**details).events()
     started = next(e for e in steps if isinstance(e, ToolStarted))
-    assert isinstance(next(steps), Park)
+    assert isinstance(next(steps), Wait)
     approval_decide(approval_id=started.approval_id, user=alice, decision="allow")
-    cancel.cancel()  # Stop lands before the run looks at the row again
-    rest = list(steps)
+    cancel.cancel()  # Stop lands before the run's next step looks at the row
+    rest = list(Agent(**details).events())
     finished = next(e for e in rest if isinstance(e, ToolFinished))
     assert finished.result == "ran\n" and finished.ok
     assert (workspace / "stopped.txt").read_text() == "ran"
@@ -320,7 +320,7 @@ def test_allow_then_stop_before_the_run_looks_runs_the_call_and_says_so(
 def test_a_pending_approval_records_its_subject_and_schema(conversation):
     from approvals.services.rules import Verdict
 
-    approval, _ = approval_request(
+    approval = approval_request(
         conversation=conversation, tool_name="terminal", arguments={"command": "ls"},
         run_id="r", subject="ls", schema={"type": "object"}, verdict=Verdict("ask"),
     )  # fmt: skip

@@ -7,7 +7,7 @@ import pytest
 from approvals.models import ToolApproval, ToolRule
 from approvals.services.decisions import approval_decide
 from chat.agent import DUPLICATE_TEXT
-from chat.events import Done, Failed, ToolFinished, ToolStarted
+from chat.events import Delta, Done, Failed, Status, ToolFinished, ToolStarted, Wait
 from chat.models import Message
 from studio.wording import REJECTION_TEXT
 from tests.factories import make_run
@@ -38,7 +38,7 @@ def start(conversation, model, *, knobs: dict | None = None, **kwargs):
         conversation=conversation,
         model=model,
         user=conversation.owner,
-        knobs={"poll": 30, **(knobs or {})},
+        knobs=knobs or {},
         **kwargs,
     )
 
@@ -245,24 +245,102 @@ def test_cancel_while_waiting_ends_the_run_without_running(conversation, setting
     assert len(model.seen) == 1  # the model was not asked again
 
 
-def test_closing_the_generator_cancels_the_pending_row_and_slot(conversation, gate):
+def step(agent) -> list:
+    """One step of ``agent``: its events, up to and with the ``Wait`` that ends it."""
+    return list(agent.events())
+
+
+def new_agent(conversation, run, model, cancel=None):
     from chat.agent import Agent
     from studio.cancel import CancelToken
 
-    model = ScriptedModel([("", [call("python", APPEND)])])
-    agent = Agent(
-        conversation=conversation, model=model, cancel=CancelToken(), run=make_run(conversation)
+    return Agent(
+        conversation=conversation,
+        model=model,
+        cancel=cancel or CancelToken(),
+        run=run,
+        user=conversation.owner,
     )
-    events = agent.events()
-    for event in events:
-        if isinstance(event, ToolStarted):
-            break
-    approval_id = event.approval_id
-    assert gate.has(approval_id)  # announced, never waited on
-    events.close()
-    assert not gate.has(approval_id)
-    row = ToolApproval.objects.get(approval_id=approval_id)
-    assert (row.status, row.reason) == ("denied", "cancelled")
+
+
+def test_a_step_ends_at_a_waiting_call_and_the_next_goes_on_from_the_rows(
+    conversation, alice, settings
+):
+    run = make_run(conversation)
+    Message.objects.create(conversation=conversation, run=run, role="user", content="go")
+    first = step(new_agent(conversation, run, ScriptedModel([("", [call("python", APPEND)])])))
+    assert isinstance(first[-1], Wait)
+    row = ToolApproval.objects.get(approval_id=first[-1].approval_id)
+    assert row.is_pending and row.expires_at is not None
+    approval_decide(approval_id=row.approval_id, user=alice, decision="allow")
+    # Another Agent, as in another process: only the rows tell it where the run is.
+    model = ScriptedModel([("Done.", [])])
+    second = step(new_agent(conversation, run, model))
+    assert [type(e).__name__ for e in second if isinstance(e, ToolFinished | Done)] == [
+        "ToolFinished",
+        "Done",
+    ]
+    assert runs_file_lines(settings, conversation) == 1
+    # The model was asked once, with the call and its result after the user's message.
+    assert len(model.seen) == 1
+    assert [m["role"] for m in model.seen[0]][-3:] == ["user", "assistant", "tool"]
+
+
+def test_a_call_begun_before_a_crash_is_reported_interrupted_and_never_run_again(
+    conversation, alice, settings
+):
+    from approvals.services.waiting import approval_start
+    from chat.agent import INTERRUPTED_TEXT
+
+    run = make_run(conversation)
+    Message.objects.create(conversation=conversation, run=run, role="user", content="go")
+    first = step(new_agent(conversation, run, ScriptedModel([("", [call("python", APPEND)])])))
+    approval_decide(approval_id=first[-1].approval_id, user=alice, decision="allow")
+    row = ToolApproval.objects.get(approval_id=first[-1].approval_id)
+    # A process marked it begun and died before its result was saved.
+    assert approval_start(approval=row)
+    model = ScriptedModel([("It was interrupted.", [])])
+    step(new_agent(conversation, run, model))
+    assert runs_file_lines(settings, conversation) == 0
+    result = last_tool_message(conversation)
+    assert result.is_error and INTERRUPTED_TEXT in result.content
+    assert INTERRUPTED_TEXT in model.seen[0][-1]["content"]  # the model is told
+    assert not approval_start(approval=row)  # and nothing may begin it again
+
+
+def test_a_step_given_up_mid_stream_writes_nothing_and_the_turn_is_asked_again(conversation):
+    from studio.cancel import CancelToken
+
+    run = make_run(conversation)
+    Message.objects.create(conversation=conversation, run=run, role="user", content="go")
+    cancel = CancelToken()
+
+    def cut_off(messages):
+        cancel.abandon()  # the process exits while the reply streams
+        return "half a reply", []
+
+    assert step(new_agent(conversation, run, ScriptedModel([cut_off]), cancel)) == [
+        Status("Thinking…"),
+        Delta("half "),
+        Delta("a "),
+        Delta("reply "),
+    ]
+    assert list(Message.objects.filter(run=run).values_list("role", flat=True)) == ["user"]
+    model = ScriptedModel([("The whole reply.", [])])
+    step(new_agent(conversation, run, model))
+    assert model.seen[0][-1] == {"role": "user", "content": "go"}
+    assert list(Message.objects.filter(run=run).values_list("role", flat=True)) == [
+        "user",
+        "assistant",
+    ]
+
+
+def test_a_finished_run_is_not_answered_twice(conversation):
+    run = make_run(conversation)
+    Message.objects.create(conversation=conversation, run=run, role="user", content="go")
+    step(new_agent(conversation, run, ScriptedModel([("Hello.", [])])))
+    # Resumed after its answer was saved but before the run was marked done.
+    assert step(new_agent(conversation, run, ScriptedModel([]))) == [Done()]
 
 
 def test_timeout_is_reported_and_the_run_goes_on(conversation, settings):

@@ -224,9 +224,9 @@ async def test_tool_call_card_then_decision_then_result(conversation, alice):
     await comm.disconnect()
 
 
-async def test_parked_runs_hold_no_worker_and_a_pool_of_one_serves_a_new_chat(alice):
-    """Runs waiting for a decision cost no thread: 100 of them, and one worker,
-    and a new conversation still gets its answer; then all 100 finish."""
+async def test_waiting_runs_hold_no_worker_and_a_pool_of_one_serves_a_new_chat(alice):
+    """Runs waiting for a decision cost nothing in the process: 100 of them, and
+    one worker, and a new conversation still gets its answer; then all 100 finish."""
     from tests.helpers.scripted import ScriptedModel  # noqa: F401 - the demo model is enough
 
     rt = runtime()
@@ -244,9 +244,9 @@ async def test_parked_runs_hold_no_worker_and_a_pool_of_one_serves_a_new_chat(al
             sockets.append(comm)
         for comm in sockets:
             await receive_until(comm, 'data-status="pending"')
-        assert len(rt.local_runs()) == 100
-        # (A card goes out just before its run hands the thread back.)
-        await wait_for(lambda: rt.working_runs() == 0 and rt.agent_pool.busy == 0)
+        # (A card goes out just before its step lets the run go.)
+        await wait_for(lambda: not rt.local_runs() and rt.agent_pool.busy == 0)
+        assert await sync_to_async(Run.objects.filter(owner="", status="running").count)() == 100
         # A new chat on the one worker while 100 wait: answered.
         other = await sync_to_async(make_conversation)(alice)
         comm, _, _ = await open_socket(other.pk, alice)
@@ -300,7 +300,8 @@ async def test_run_continues_after_the_socket_closes(conversation, alice):
     frames = await receive_until(comm, 'data-status="pending"')
     approval_id = APPROVAL_ID.findall(frames)[-1]
     await comm.disconnect()
-    assert runtime().local_runs()  # still running without any socket
+    run = await sync_to_async(Run.objects.get)(conversation=conversation)
+    assert run.state == "waiting"  # goes on without any socket
     await sync_to_async(approval_decide)(approval_id=approval_id, user=alice, decision="allow")
     await wait_for(lambda: Run.objects.filter(conversation=conversation, status="done").exists())
     result = await sync_to_async(lambda: conversation.messages.filter(role="tool").get().content)()
@@ -402,23 +403,30 @@ async def test_model_server_dying_mid_stream(conversation, alice, settings):
     assert sent == ["first question", "Partial ", "second question"]
 
 
-async def test_a_run_left_by_a_previous_server_does_not_block_the_conversation(
+async def test_a_run_left_by_a_previous_server_is_resumed_and_the_tab_told(
     conversation, alice, settings
 ):
-    """Single process (no Redis): a running run this process does not host is dead."""
-    settings.REDIS_URL = ""
-    from tests.factories import make_approval, make_run
+    """Its process died mid-step: this one's sweep takes the run over and answers."""
+    from datetime import timedelta
 
-    dead = await sync_to_async(make_run)(conversation)  # status running, fresh heartbeat
-    orphan = await sync_to_async(make_approval)(conversation, run_id=str(dead.pk))
+    from django.utils import timezone
+
+    from chat.engine import RESUMED_TEXT
+    from tests.factories import make_run
+
+    settings.STUDIO_APPROVAL_POLL_SECONDS = 0.1
+
+    def left_behind():
+        run = make_run(conversation, owner="specific.gone!1")
+        Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+        Message.objects.create(conversation=conversation, run=run, role="user", content="hello")
+        return run
+
+    dead = await sync_to_async(left_behind)()
     comm, _, _ = await open_socket(conversation.pk, alice)
     await comm.receive_from(timeout=BOUND)
-    await send(comm, message="hello")
-    frames = await receive_until(comm, "composer-state")
-    assert 'data-state="accepted"' in frames
-    await receive_until(comm, 'data-running="false"')
+    frames = await receive_until(comm, 'data-running="false"')
+    assert RESUMED_TEXT in frames and "demo model" in frames
     await sync_to_async(dead.refresh_from_db)()
-    await sync_to_async(orphan.refresh_from_db)()
-    assert dead.status == "error"
-    assert (orphan.status, orphan.reason) == ("denied", "expired")
+    assert (dead.status, dead.resumes) == ("done", 1)
     await comm.disconnect()

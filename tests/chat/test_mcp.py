@@ -98,7 +98,7 @@ def run_agent(conversation, calls, *, knobs=None):
         user=conversation.owner,
         run=make_run(conversation, status="done"),
         toolbox=toolbox_for(conversation, connect=True),
-        knobs={"poll": 30, **(knobs or {})},
+        knobs=knobs or {},
     )
 
 

@@ -1,20 +1,23 @@
-"""Faults with real processes: two daphnes on PostgreSQL and a Redis of our own."""
+"""Faults with real processes: two daphnes on PostgreSQL and a Redis of our own.
+
+Runs outlive their processes: SIGTERM, SIGKILL, a rolling restart, a Redis
+restart. (A PostgreSQL restart: tests/faults/test_postgres_restart.py.)
+"""
 
 from __future__ import annotations
 
 import subprocess
 import threading
 import time
-from io import StringIO
 
 import pytest
-from django.core.management import call_command
+from django.utils import timezone
 
 from approvals.models import ToolApproval
-from chat.models import Run
-from tests.factories import make_approval
+from chat.models import Message, Run
+from tests.factories import make_approval, make_conversation
 from tests.helpers.clients import APPROVAL_ID, Browserish, Tab, session_cookie
-from tests.helpers.live import free_port, two_servers
+from tests.helpers.live import LiveServer, free_port, two_servers
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 
@@ -79,75 +82,188 @@ def redis_server():
 
 @pytest.fixture
 def cluster(redis_server, workspace_root, tmp_path):
-    env = {
-        "REDIS_URL": redis_server.url,
-        "STUDIO_WORKSPACE_ROOT": str(workspace_root),
-        "STUDIO_APPROVAL_POLL_SECONDS": "1",
-        "STUDIO_RUN_HEARTBEAT_SECONDS": "0.5",
-        "STUDIO_RUN_STALE_SECONDS": "2",
-        "STUDIO_LAYER_WATCH_SECONDS": "0.5",
-    }
-    with two_servers(tmp_path, **env) as pair:
+    with two_servers(tmp_path, **cluster_env(redis_server.url, workspace_root)) as pair:
         yield pair
 
 
-def park_a_run(server, conversation, session) -> tuple[Tab, str]:
+def cluster_env(redis_url: str, workspace_root) -> dict[str, str]:
+    return {
+        "REDIS_URL": redis_url,
+        "STUDIO_WORKSPACE_ROOT": str(workspace_root),
+        "STUDIO_APPROVAL_POLL_SECONDS": "0.2",
+        "STUDIO_RUN_HEARTBEAT_SECONDS": "0.5",
+        "STUDIO_RUN_STALE_SECONDS": "2",
+        "STUDIO_LAYER_WATCH_SECONDS": "0.5",
+        "STUDIO_SHUTDOWN_GRACE_SECONDS": "8",
+    }
+
+
+def park_a_run(server, conversation, session, code: str = "print(6 * 7)") -> tuple[Tab, str]:
     tab = Tab(server.ws_url, conversation.pk, session, origin=server.url)
     tab.until('id="transcript"')
-    tab.send("run python: print(6 * 7)")
+    tab.send(f"run python: {code}")
     frames = tab.until('data-status="pending"')
+    # The card is out just before the step lets the run go: wait for that.
+    until(lambda: run_of(conversation).state == "waiting", "the run's wait")
     return tab, APPROVAL_ID.findall(frames)[-1]
 
 
-def test_kill_9_while_runs_wait(cluster, conversation, alice, settings):
+def until(predicate, what: str, bound: float = BOUND) -> None:
+    deadline = time.monotonic() + bound
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} did not happen in {bound} s"
+        time.sleep(0.05)
+
+
+def run_of(conversation) -> Run:
+    return Run.objects.get(conversation=conversation)
+
+
+def results(conversation) -> list[str]:
+    return list(
+        Message.objects.filter(conversation=conversation, role="tool").values_list(
+            "content", flat=True
+        )
+    )
+
+
+def decide_and_see(server, session, conversation, approval_id: str, expect: str) -> None:
+    """Decide through ``server`` and watch the result arrive in a tab of it."""
+    tab = Tab(server.ws_url, conversation.pk, session, origin=server.url)
+    tab.until('id="transcript"')
+    page = Browserish(server.url, session)
+    try:
+        mark = tab.mark()
+        response = page.decide(approval_id, "allow")
+        assert response.status_code == 200 and response.json()["resolved"] is True
+        tab.until(expect, since=mark)
+        tab.until('data-running="false"', since=mark)
+    finally:
+        tab.close()
+        page.close()
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_a_waiting_run_outlives_its_process(cluster, conversation, alice, how):
+    """Waiting is only rows: the process going away (cleanly or not) changes nothing,
+    and a decision through the other process runs the call there."""
     a, b = cluster
-    settings.STUDIO_RUN_STALE_SECONDS = 2
     session = session_cookie(alice)
     tab, approval_id = park_a_run(a, conversation, session)
+    started = time.monotonic()
+    a.stop() if how == "sigterm" else a.kill()
+    assert time.monotonic() - started < 6, "the process took too long to exit"
+    tab.ws.close()
+    row = ToolApproval.objects.get(approval_id=approval_id)
+    assert row.status == "pending"
+    assert run_of(conversation).state == "waiting"
+
+    decide_and_see(b, session, conversation, approval_id, '<pre class="output">42')
+    run = run_of(conversation)
+    assert (run.status, run.resumes) == ("done", 0)
+    assert results(conversation) == ["42\n"]
+
+
+def test_sigterm_gives_a_working_call_its_grace(cluster, conversation, alice, workspace_root):
+    a, b = cluster
+    session = session_cookie(alice)
+    code = "import time; time.sleep(1.5); print('slept')"
+    tab, approval_id = park_a_run(a, conversation, session, code)
+    page = Browserish(a.url, session)
+    assert page.decide(approval_id, "allow").status_code == 200
+    page.close()
+    until(lambda: ToolApproval.objects.get(approval_id=approval_id).started_at, "the call start")
+    a.stop()  # SIGTERM while the call runs: it finishes, and so does the run
+    tab.ws.close()
+    run = run_of(conversation)
+    assert run.status == "done", run.state
+    assert results(conversation) == ["slept\n"]
+
+
+def test_a_call_running_when_its_process_was_killed_is_reported_never_rerun(
+    cluster, conversation, alice
+):
+    a, b = cluster
+    session = session_cookie(alice)
+    marks = conversation.workspace / "marks.txt"
+    code = "open('marks.txt', 'a').write('ran\\n'); import time; time.sleep(60)"
+    tab, approval_id = park_a_run(a, conversation, session, code)
+    page = Browserish(a.url, session)
+    assert page.decide(approval_id, "allow").status_code == 200
+    page.close()
+    until(lambda: marks.exists() and marks.read_text() == "ran\n", "the call start")
     a.kill()
     tab.ws.close()
-
-    # The other process keeps serving: the page, with the orphaned card.
-    page = Browserish(b.url, session)
-    html = page.http.get(conversation.get_absolute_url()).text
-    assert approval_id in html
-
-    # Once the dead process's heartbeat is stale, purge leaves nothing pending.
-    deadline = time.monotonic() + BOUND
-    while ToolApproval.objects.filter(approval_id=approval_id, status="pending").exists():
-        assert time.monotonic() < deadline, "purge never expired the orphaned approval"
-        call_command("purge_approvals", stdout=StringIO())
-        time.sleep(0.5)
-    row = ToolApproval.objects.get(approval_id=approval_id)
-    assert (row.status, row.reason) == ("denied", "expired")
-    assert not ToolApproval.objects.pending().exists()
-    assert Run.objects.get(conversation=conversation).status == "error"
-
-    # ...and the conversation works again on the surviving process.
-    tab_b, new_id = park_a_run(b, conversation, session)
-    assert page.decide(new_id, "allow").status_code == 200
-    tab_b.until('<pre class="output">42')
+    # B finds the dead process's run once its heartbeat is stale, and resumes it.
+    tab_b = Tab(b.ws_url, conversation.pk, session, origin=b.url)
+    tab_b.until("the server stopped while this ran")
+    until(lambda: run_of(conversation).status == "done", "the resumed run's end")
     tab_b.close()
-    page.close()
+    assert marks.read_text() == "ran\n", "the interrupted call ran again"
+    [result] = results(conversation)
+    assert result.startswith("Error: interrupted: the server stopped while this ran")
+    assert run_of(conversation).resumes == 1
 
 
-def test_redis_restart_while_a_run_waits(cluster, redis_server, conversation, alice):
+def test_two_processes_race_to_resume_one_run(cluster, alice):
+    """Decided behind both processes' backs: both sweeps find the run at once."""
+    a, b = cluster
+    session = session_cookie(alice)
+    for _ in range(5):
+        conversation = make_conversation(alice)
+        tab, approval_id = park_a_run(a, conversation, session)
+        tab.close()
+        ToolApproval.objects.filter(approval_id=approval_id).update(
+            status="allowed", reason="user", decided_at=timezone.now()
+        )
+        until(lambda c=conversation: run_of(c).status == "done", "the resumed run's end")
+        assert results(conversation) == ["42\n"]
+
+
+def test_a_rolling_restart_loses_nothing(redis_server, workspace_root, tmp_path, alice):
+    env = cluster_env(redis_server.url, workspace_root)
+    session = session_cookie(alice)
+    with two_servers(tmp_path, **env) as (a, b):
+        conversations = [make_conversation(alice) for _ in range(6)]
+        waiting = []
+        for n, conversation in enumerate(conversations):
+            tab, approval_id = park_a_run((a, b)[n % 2], conversation, session, f"print({n})")
+            tab.close()
+            waiting.append(approval_id)
+        # One process after the other: stop it, start its successor.
+        a.stop()
+        a2 = LiveServer(log_path=tmp_path / "a2.log", **env).start()
+        b.stop()
+        b2 = LiveServer(log_path=tmp_path / "b2.log", **env).start()
+        try:
+            pages = [Browserish(s.url, session) for s in (a2, b2)]
+            for n, approval_id in enumerate(waiting):
+                assert pages[n % 2].decide(approval_id, "allow").status_code == 200
+            for n, conversation in enumerate(conversations):
+                until(lambda c=conversation: run_of(c).status == "done", f"run {n}'s end")
+                assert results(conversation) == [f"{n}\n"]
+            for page in pages:
+                page.close()
+        finally:
+            a2.stop()
+            b2.stop()
+
+
+def test_a_waiting_run_survives_a_redis_restart(cluster, redis_server, conversation, alice):
     a, b = cluster
     session = session_cookie(alice)
     tab, approval_id = park_a_run(a, conversation, session)
     redis_server.stop()
     redis_server.start()
-    # Decided in the other process: the wake message may be lost with the
-    # restart; the waiter's poll of the row must still pick it up.
+    # Decided in the other process, which resumes the run; the tab on A
+    # recovers (it re-joined its group after the restart) and shows the end.
     page = Browserish(b.url, session)
     mark = tab.mark()
     response = page.decide(approval_id, "allow")
     assert response.status_code == 200 and response.json()["resolved"] is True
-    # The tab on process A recovers (reconnected or re-joined its group after
-    # the restart) and shows the result and the finished run.
     tab.until('<pre class="output">42', since=mark)
     tab.until('data-running="false"', since=mark)
-    assert Run.objects.get(conversation=conversation).status == "done"
+    assert run_of(conversation).status == "done"
     tab.close()
     page.close()
 

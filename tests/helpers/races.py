@@ -38,3 +38,27 @@ def decide_at_once(approval_id: str, user, decisions: dict[str, object]) -> dict
         thread.join(BOUND)
     assert not any(thread.is_alive() for thread in threads), "a decision never returned"
     return results
+
+
+def run_together(fns: list) -> list:
+    """Each function on its own thread, released together by a barrier; their results
+    (or the exception each raised), in order. Every thread has ended when this returns."""
+    barrier = threading.Barrier(len(fns), timeout=BOUND)
+    results: list = [None] * len(fns)
+
+    def call(index: int) -> None:
+        barrier.wait()
+        try:
+            results[index] = fns[index]()
+        except Exception as exc:
+            results[index] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(fns))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(BOUND)
+    assert not any(thread.is_alive() for thread in threads), "a call never returned"
+    return results

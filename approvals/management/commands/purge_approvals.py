@@ -12,16 +12,14 @@ from django.utils import timezone
 from approvals.export import archive_write
 from approvals.models import ToolApproval
 from approvals.services.waiting import approvals_expire_stale
-from approvals.signals import purge_requested
 
 
 class Command(BaseCommand):
     help = (
-        "Expire pending tool approvals whose waiter can no longer be alive (marked "
-        "denied, reason 'expired') and delete decided approvals older than --older-than "
-        "days. Pending approvals of runs whose server process died (stale heartbeat) "
-        "are expired at once. Open tabs see expired cards change. Safe to run "
-        "repeatedly, e.g. from cron."
+        "Expire pending tool approvals older than their timeout (marked denied, reason "
+        "'expired'; a running server times them out itself) and delete decided approvals "
+        "older than --older-than days. Open tabs see expired cards change, and a server "
+        "resumes their runs. Safe to run repeatedly, e.g. from cron."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -38,7 +36,7 @@ class Command(BaseCommand):
             default=None,
             metavar="SECONDS",
             help="Expire pending approvals requested more than SECONDS ago "
-            "(default: STUDIO_APPROVAL_TIMEOUT, after which no waiter is left).",
+            "(default: STUDIO_APPROVAL_TIMEOUT).",
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="Print what would be done; change nothing."
@@ -83,10 +81,7 @@ class Command(BaseCommand):
                 raise CommandError(f"Could not write the archive {archive}: {exc}") from None
             if verbosity >= 1:
                 self.stdout.write(f"Archived {archived} decided approval(s) to {archive}.")
-        report: list[str] = []
         with transaction.atomic():
-            # Other apps' part first (chat: runs of dead processes).
-            purge_requested.send(sender=self.__class__, dry_run=dry_run, report=report)
             # Rows expired now are fresh (decided_at=now), so the delete below
             # never takes them in the same run.
             expired = approvals_expire_stale(
@@ -99,8 +94,6 @@ class Command(BaseCommand):
             else:
                 deleted = old.delete()[0]
         if verbosity >= 1:
-            for line in report:
-                self.stdout.write(self.style.NOTICE(line))
             style = self.style.NOTICE if dry_run else self.style.SUCCESS
             verb, deleted_verb = (
                 ("Would expire", "would delete") if dry_run else ("Expired", "deleted")
