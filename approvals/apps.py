@@ -8,7 +8,10 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from approvals.metrics import WaitingCalls
         from approvals.webhook import webhook_loop
+        from studio.metrics import collector_add
         from studio.runtime import runtime
 
         runtime().services.append(webhook_loop)
+        collector_add(WaitingCalls())

@@ -18,6 +18,7 @@ from approvals.services.decisions import (
     approvals_decide,
 )
 from studio.http import HtmxHttpRequest, client_ip, wants_json
+from studio.logs import log_context
 
 SINGLE = ("decision", "note", "arguments", "pattern", "scope")
 
@@ -56,16 +57,17 @@ def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
     """
     try:
         _once(request, SINGLE)
-        result = approval_decide(
-            approval_id=approval_id,
-            user=request.user,
-            decision=request.POST.get("decision", ""),
-            note=request.POST.get("note", ""),
-            arguments=_edited_arguments(request),
-            pattern=request.POST.get("pattern", ""),
-            scope=request.POST.get("scope", ""),
-            client=_client(request),
-        )
+        with log_context(approval_id=approval_id):
+            result = approval_decide(
+                approval_id=approval_id,
+                user=request.user,
+                decision=request.POST.get("decision", ""),
+                note=request.POST.get("note", ""),
+                arguments=_edited_arguments(request),
+                pattern=request.POST.get("pattern", ""),
+                scope=request.POST.get("scope", ""),
+                client=_client(request),
+            )
     except ApprovalNotFound:
         raise Http404("No such approval.") from None
     except InvalidDecision as exc:

@@ -23,6 +23,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.models import ToolApproval
+from studio.metrics import WEBHOOK_FAILURES
 from studio.runtime import DaemonPool, release_connection
 
 logger = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ def webhook_post(approval: ToolApproval, *, sleep: Callable[[float], None] = tim
                 delay *= 3
     if not result:
         result = f"failed after {attempts} attempt(s): {problem}"
+        WEBHOOK_FAILURES.inc()
         logger.warning("approval webhook for %s %s", approval.approval_id, result)
     ToolApproval.objects.filter(pk=approval.pk).update(webhook_result=result[:200])
     return result

@@ -1,10 +1,9 @@
-"""Benchmark: N runs parked on pending approvals in one daphne process.
+"""Benchmark: N runs waiting on pending approvals, started through one daphne process.
 
-While they wait: threads, RSS per parked run, idle CPU, and the first answer
-fragment of a brand-new conversation. Then all N are decided by N POSTs
-(16 at a time): every run must resolve with its own result; time to drain,
-from the first POST to the last run done. STUDIO_AGENT_WORKERS keeps its
-default (64): parked runs must not need a thread each.
+While they wait (as rows only): threads, RSS per waiting run, idle CPU, and
+the first answer fragment of a brand-new conversation. Then all N are
+decided by N POSTs (16 at a time): every run must resolve with its own
+result; time to drain, from the first POST to the last run done.
 
     .venv/bin/python bench/parked.py --sizes 1000 10000
 """
@@ -166,14 +165,14 @@ def main() -> None:
                 )
             )
             correct = sum(results.get(cid) == f"parked-{cid}" for cid in conversations)
-            print(f"--- N = {n} parked runs")
+            print(f"--- N = {n} waiting runs")
             print(
-                f"  parking took {park_s:.1f} s; threads {threads} "
+                f"  starting them took {park_s:.1f} s; threads {threads} "
                 f"(STUDIO_AGENT_WORKERS={args.workers}); RSS {rss1 / 1024:.0f} MB"
             )
-            print(f"  RSS per parked run: {(rss1 - rss0) / n:.0f} KB")
+            print(f"  RSS per waiting run: {(rss1 - rss0) / n:.1f} KB")
             print(
-                f"  idle CPU while parked: {idle_cpu * 100:.1f} % of one core "
+                f"  idle CPU while they wait: {idle_cpu * 100:.1f} % of one core "
                 f"(over {args.idle_seconds:.0f} s)"
             )
             print(f"  new conversation, first streamed fragment: {harness.summary_ms(latencies)}")

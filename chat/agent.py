@@ -47,6 +47,7 @@ from chat.toolbox import Toolbox, toolbox_for
 from chat.tools.base import ToolResult
 from chat.transcript import tool_message, transcript_build, turn_message
 from studio.cancel import CancelToken
+from studio.metrics import MODEL_REQUEST_SECONDS, MODEL_TOKENS, TOOL_CALL_SECONDS
 from studio.text import strip_nul, strip_nul_json
 from studio.wording import REJECTION_TEXT
 
@@ -280,6 +281,7 @@ class Agent:
     def _model_turn(self, schemas: list[dict]) -> Iterator[events.Event]:
         """Stream one reply; returns its ``TurnEnd``, or None when the run ended."""
         streamed: list[str] = []
+        started = time.monotonic()
         try:
             # A copy: the model may keep what it was sent; we keep appending.
             for chunk in self.model.stream(list(self.transcript), schemas, cancel=self.cancel):
@@ -288,8 +290,12 @@ class Agent:
                     streamed.append(text)
                     yield events.Delta(text)
                 elif isinstance(chunk, TurnEnd):
+                    MODEL_REQUEST_SECONDS.labels("ok").observe(time.monotonic() - started)
+                    for kind, count in (chunk.usage or {}).items():
+                        MODEL_TOKENS.labels(kind).inc(count)
                     return chunk
         except LLMError as exc:
+            MODEL_REQUEST_SECONDS.labels("error").observe(time.monotonic() - started)
             self._save_partial("".join(streamed))
             yield from self._fail(str(exc))
             return None
@@ -467,6 +473,7 @@ class Agent:
             workspace=self.workspace,
         )
         seconds = time.monotonic() - started
+        TOOL_CALL_SECONDS.labels(call.name, "ok" if result.ok else "error").observe(seconds)
         if result.ok:
             self.succeeded.add((call.name, arguments_hash(arguments)))
         shown = result

@@ -18,8 +18,10 @@ class ChatConfig(AppConfig):
         from approvals.services.rules import call_reader_install, tool_names_install
         from approvals.signals import calls_settled
         from chat import engine, mcp
+        from chat.metrics import RunStates
         from chat.toolbox import call_reading, tool_names
         from chat.tools import sandbox
+        from studio.metrics import collector_add
         from studio.runtime import runtime
 
         # Decisions read an edited call the way the run reads the model's.
@@ -32,6 +34,7 @@ class ChatConfig(AppConfig):
         rt.on_exit.append(engine.wind_down)
         rt.on_exit.append(mcp.close_hub)
         calls_settled.connect(engine.on_calls_settled, dispatch_uid="chat.resume_runs")
+        collector_add(RunStates())
 
         if sandbox.sandbox_mode() == "none":
             logger.warning(

@@ -9,6 +9,7 @@ from chat import render
 from chat.engine import run_launch, run_stop
 from chat.limits import MAX_FRAME, MAX_MESSAGE
 from chat.models import Conversation
+from studio.logs import log_context_keep
 from studio.text import strip_nul
 
 
@@ -39,6 +40,7 @@ class ChatConsumer(MemberSocket):
             return False
         self.conversation_id = conversation_id
         self.group = conversation.group_name
+        log_context_keep(user_id=self.user.pk, conversation_id=conversation_id)
         self.seq = 0
         return True
 

@@ -49,6 +49,7 @@ from chat.services import (
     runs_to_resume,
 )
 from chat.toolbox import toolbox_for
+from studio.logs import log_context
 from studio.runtime import LocalRun, Runtime, release_connection, runtime
 
 logger = logging.getLogger(__name__)
@@ -171,31 +172,37 @@ def _drive(rt: Runtime, run_id: str, *, launched: tuple | None = None) -> None:
             if claim is None:
                 return  # someone else steps it, it ended, or it cannot go on yet
             run, first, resumed = claim.run, None, claim.resumed
-        while True:
-            local = LocalRun(run_id=run_id, conversation_id=run.conversation_id)
-            if run.stop_requested:
-                local.cancel.cancel()
-            with rt.lock:
-                rt.runs[run_id] = local
-            try:
-                waiting_on = Stepper(local, run, first=first, resumed=resumed).step()
-            finally:
-                with rt.lock:
-                    rt.runs.pop(run_id, None)
-            if waiting_on is None or not run_release(
-                run_id=run_id, owner=owner, waiting_on=waiting_on
-            ):
-                return
-            # A decision that landed while this step held the run could not
-            # claim it: look once more, now that the run is free.
-            claim = run_claim(run_id=run_id, owner=owner)
-            if claim is None:
-                return
-            run, first, resumed = claim.run, None, False
+        ids = {"run_id": run_id, "conversation_id": run.conversation_id}
+        with log_context(**ids, user_id=run.started_by_id):
+            _step_until_it_waits(rt, run, first, resumed)
     except Exception:
         logger.exception("run %s: driver failed", run_id)
     finally:
         release_connection()
+
+
+def _step_until_it_waits(rt: Runtime, run: Run, first: Message | None, resumed: bool) -> None:
+    """Step the claimed run, again while a decision lands as it lets go; then let it go."""
+    run_id, owner = str(run.pk), rt.inbox.name
+    while True:
+        local = LocalRun(run_id=run_id, conversation_id=run.conversation_id)
+        if run.stop_requested:
+            local.cancel.cancel()
+        with rt.lock:
+            rt.runs[run_id] = local
+        try:
+            waiting_on = Stepper(local, run, first=first, resumed=resumed).step()
+        finally:
+            with rt.lock:
+                rt.runs.pop(run_id, None)
+        if waiting_on is None or not run_release(run_id=run_id, owner=owner, waiting_on=waiting_on):
+            return
+        # A decision that landed while this step held the run could not claim
+        # it: look once more, now that the run is free.
+        claim = run_claim(run_id=run_id, owner=owner)
+        if claim is None:
+            return
+        run, first, resumed = claim.run, None, False
 
 
 class Stepper:
@@ -222,8 +229,9 @@ class Stepper:
             publisher.send(render.title(conversation.title))
         elif self.resumed:
             publisher.send(render.notice(RESUMED_TEXT, level="info"))
-        publisher.send(render.run_controls(running=True, conversation_id=conversation.pk))
-        publisher.flush()
+        if self.first is not None or self.resumed:
+            publisher.send(render.run_controls(running=True, conversation_id=conversation.pk))
+            publisher.flush()
         try:
             agent = self.agent = Agent(
                 conversation=conversation,

@@ -5,7 +5,7 @@
         --redis-url redis://127.0.0.1:6379/0
 
 Each process is a plain ``daphne studio.asgi:application`` on 127.0.0.1; put a
-proxy in front for one address (see deploy/nginx.conf.example). Ctrl-C stops
+proxy in front for one address (see deploy/nginx-site.conf). Ctrl-C stops
 them all.
 """
 

@@ -65,6 +65,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "studio.logs.RequestIdMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -202,7 +203,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# Where manage.py collectstatic gathers the files for a proxy to serve.
+STATIC_ROOT = Path(env_str("STUDIO_STATIC_ROOT") or BASE_DIR / "staticfiles")
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # studio/asgi.py serves /static/ itself (from the finders: no collectstatic
 # needed), so one daphne process is a complete deployment. Every middleware
@@ -224,10 +226,33 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 
+# json: one JSON object per line (python-json-logger); text: for people.
+# Either way each line carries request_id, user_id, conversation_id, run_id
+# and approval_id where they exist (studio.logs).
+STUDIO_LOG_FORMAT = env_choice("STUDIO_LOG_FORMAT", "text", ["text", "json"])
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"context": {"()": "studio.logs.ContextFilter"}},
+    "formatters": {
+        "text": {
+            "()": "studio.logs.TextFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        },
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s "
+            "%(user_id)s %(conversation_id)s %(run_id)s %(approval_id)s",
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+        },
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "filters": ["context"],
+            "formatter": STUDIO_LOG_FORMAT,
+        }
+    },
     "root": {"handlers": ["console"], "level": env_str("STUDIO_LOG_LEVEL", "WARNING")},
 }
 
@@ -254,6 +279,9 @@ STUDIO_APPROVAL_WEBHOOK_DETAIL = env_choice(
 )
 # This site's address as members reach it, for links sent outside (the webhook).
 STUDIO_SITE_URL = env_str("STUDIO_SITE_URL").rstrip("/")
+# /readyz's details and /metrics, for monitoring that holds no session:
+# "Authorization: Bearer <token>". Unset: staff only.
+STUDIO_HEALTH_TOKEN = env_str("STUDIO_HEALTH_TOKEN")
 STUDIO_NOTE_MAX_LENGTH = 2000
 # How often each process checks whether Redis restarted (and lost its groups).
 STUDIO_LAYER_WATCH_SECONDS = env_float("STUDIO_LAYER_WATCH_SECONDS", 5, minimum=0.1)

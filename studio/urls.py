@@ -7,6 +7,8 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from studio import health, metrics
+
 urlpatterns = [
     # Pages name their icon; this answers browsers that ask for the old name
     # anyway (the admin's pages, a bookmark), signed in or not.
@@ -14,6 +16,10 @@ urlpatterns = [
         "favicon.ico",
         login_not_required(RedirectView.as_view(url=static("studio/favicon.svg"), permanent=True)),
     ),
+    # For load balancers and monitoring (studio.health, studio.metrics).
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -33,6 +33,8 @@ from approvals.services.rules import (
     speaks_for,
 )
 from approvals.signals import calls_settled
+from studio.logs import log_context
+from studio.metrics import DECISION_SECONDS
 from studio.runtime import runtime
 from studio.shell import Reading
 from studio.text import strip_nul, strip_nul_json
@@ -399,6 +401,11 @@ def approvals_decide(
 def _decided(result: DecideResult) -> None:
     """After a decision commits: show every tab the card, and let its run go on."""
     approval = result.approval
+    outcome = "allowed" if approval.is_allowed else "denied"
+    DECISION_SECONDS.labels(approval.tool_name, outcome).observe(approval.decision_seconds or 0)
+    with log_context(approval_id=approval.approval_id, conversation_id=approval.conversation_id):
+        logger.info("%s call %s (%s) by %s", approval.tool_name, outcome, approval.reason,
+                    approval.decided_by_id)  # fmt: skip
     card_broadcast(approval, result.card_html)
     if approval.run_id:
         calls_settled.send(sender=ToolApproval, run_ids={approval.run_id})

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolRule
 from approvals.patterns import glob_escape, glob_match
+from studio.metrics import RULE_HITS
 from studio.shell import Reading
 from studio.text import canonical_json
 
@@ -119,6 +120,8 @@ def approval_verdict(
 
 def rule_hit(rule: ToolRule | None) -> None:
     """Count a rule's use (policy rules are not rows: nothing to count)."""
+    if rule is not None:
+        RULE_HITS.labels(rule.action).inc()
     if rule is not None and rule.pk is not None:
         ToolRule.objects.filter(pk=rule.pk).update(hits=F("hits") + 1, last_hit_at=timezone.now())
 

@@ -30,6 +30,8 @@ class TextDelta:
 class TurnEnd:
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
+    # Token counts, when the server reports them: {"prompt": n, "completion": n}.
+    usage: dict | None = None
 
 
 Chunk = TextDelta | TurnEnd

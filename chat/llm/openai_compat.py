@@ -38,7 +38,13 @@ class OpenAICompatModel:
     def stream(
         self, messages: list[dict], tools: list[dict], *, cancel: CancelToken
     ) -> Iterator[Chunk]:
-        kwargs: dict = {"model": self.model, "messages": messages, "stream": True}
+        kwargs: dict = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            # The token counts come in a last chunk (studio_model_tokens).
+            "stream_options": {"include_usage": True},
+        }
         if tools:
             kwargs["tools"] = tools
         try:
@@ -56,11 +62,17 @@ class OpenAICompatModel:
         in_text_call = False
         calls: dict[int, dict] = {}
         finished = truncated = False
+        usage = None
         try:
             with stream:
                 for chunk in stream:
                     if cancel.is_set():
                         break
+                    if getattr(chunk, "usage", None) is not None:
+                        usage = {
+                            "prompt": chunk.usage.prompt_tokens or 0,
+                            "completion": chunk.usage.completion_tokens or 0,
+                        }
                     if not getattr(chunk, "choices", None):
                         continue
                     if chunk.choices[0].finish_reason:
@@ -117,7 +129,7 @@ class OpenAICompatModel:
             visible += TRUNCATED.format(limit=MAX_REPLY_CHARS)
         if len(visible) > shown:
             yield TextDelta(visible[shown:])
-        yield TurnEnd(content=visible, tool_calls=tool_calls)
+        yield TurnEnd(content=visible, tool_calls=tool_calls, usage=usage)
 
     @staticmethod
     def _native_call(slot: dict) -> ToolCall:

@@ -58,6 +58,7 @@ from pathlib import Path
 from chat.tools.base import ToolResult
 from chat.tools.images import keep, notice_for, produced, snapshot
 from studio.cancel import CancelToken
+from studio.metrics import SANDBOX_FAILURES
 from studio.text import strip_nul
 
 logger = logging.getLogger(__name__)
@@ -115,8 +116,9 @@ class SandboxResult:
         text = self.output
         if self.truncated_bytes:
             text += f"\n[output truncated: {self.truncated_bytes} more bytes not shown]"
+        failure = ""
         if self.timed_out:
-            problem = f"timed out after {timeout:g} s and was killed."
+            problem, failure = f"timed out after {timeout:g} s and was killed.", "timeout"
         elif self.cancelled:
             problem = "stopped by the user."
         elif self.over_quota:
@@ -124,14 +126,18 @@ class SandboxResult:
                 f"the workspace passed its quota of {self.quota_bytes // MB} MB and the "
                 "call was killed; delete files to free space."
             )
+            failure = "quota"
         elif self.out_of_memory:
-            problem = "killed: the call used more than its memory limit."
+            problem, failure = "killed: the call used more than its memory limit.", "memory"
         elif self.exit_code:
             problem = f"exited with {_describe_exit(self.exit_code)}."
             if _NO_NETWORK.search(text):
                 problem += f" {NO_NETWORK_NOTE}"
+                failure = "network"
         else:
             return ToolResult(text if text.strip() else "(no output)")
+        if failure:
+            SANDBOX_FAILURES.labels(failure).inc()
         return ToolResult.error(f"{problem}\n{text}".rstrip())
 
 

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 import pytest
 
-from tests.browser.ui import TIMEOUT, ask, card_for, login, new_chat, pending_card, start_chat
+from tests.browser.ui import (
+    TIMEOUT,
+    ask,
+    card_for,
+    login,
+    new_chat,
+    output,
+    pending_card,
+    run_finished,
+    start_chat,
+)
+from tests.helpers.live import LiveServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -222,3 +234,40 @@ def test_every_page_fits_a_phone_without_sideways_scroll(browser, studio_server,
         assert box["x"] >= 0 and box["x"] + box["width"] <= 390
     finally:
         context.close()
+
+
+def test_a_card_stays_live_across_a_server_restart(browser, member, workspace_root, artifacts):
+    """Issue 35: the server restarts while a card waits; the page reconnects by
+    itself, the card still decides the call, and nothing says "Cancelled"."""
+    from chat.models import Run
+
+    env = {"STUDIO_WORKSPACE_ROOT": str(workspace_root), "STUDIO_APPROVAL_POLL_SECONDS": "0.5"}
+    server = LiveServer(log_path=artifacts / "daphne-restart-1.log", **env).start()
+    successor = None
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(TIMEOUT)
+    try:
+        page = context.new_page()
+        start_chat(page, server)
+        card = card_for(page, "run python: print(6 * 7)")
+        deadline = time.monotonic() + TIMEOUT / 1000
+        while not Run.objects.filter(status="running", owner="").exclude(waiting_on="").exists():
+            assert time.monotonic() < deadline, "the run never came to wait"
+            time.sleep(0.05)
+
+        server.stop()  # SIGTERM
+        page.wait_for_selector("#conn-state:not([data-state=online])")
+        successor = LiveServer(port=server.port, log_path=artifacts / "daphne-restart-2.log", **env)
+        successor.start()
+        page.wait_for_selector("#conn-state[data-state=online]")
+
+        card.locator("button[value=allow]").click()
+        output(page, "42").wait_for()
+        run_finished(page)
+        assert page.locator('[data-reason="cancelled"]').count() == 0
+        assert "Cancelled" not in page.locator("#transcript").inner_text()
+    finally:
+        context.close()
+        server.stop()
+        if successor is not None:
+            successor.stop()

@@ -300,8 +300,8 @@ async def test_run_continues_after_the_socket_closes(conversation, alice):
     frames = await receive_until(comm, 'data-status="pending"')
     approval_id = APPROVAL_ID.findall(frames)[-1]
     await comm.disconnect()
-    run = await sync_to_async(Run.objects.get)(conversation=conversation)
-    assert run.state == "waiting"  # goes on without any socket
+    # It goes on without any socket (the card is out just before the run waits).
+    await wait_for(lambda: Run.objects.get(conversation=conversation).state == "waiting")
     await sync_to_async(approval_decide)(approval_id=approval_id, user=alice, decision="allow")
     await wait_for(lambda: Run.objects.filter(conversation=conversation, status="done").exists())
     result = await sync_to_async(lambda: conversation.messages.filter(role="tool").get().content)()

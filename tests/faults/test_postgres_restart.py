@@ -18,10 +18,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.faults.test_two_processes import PrivateRedis, cluster_env
 from tests.helpers.clients import APPROVAL_ID, Browserish, Tab
 from tests.helpers.live import free_port, two_servers
 from tests.helpers.procs import ROOT, child_env
+from tests.helpers.services import PrivateRedis, cluster_env
 
 pytestmark = [pytest.mark.services]
 

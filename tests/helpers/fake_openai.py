@@ -137,6 +137,14 @@ class FakeOpenAI:
                     self.wfile.flush()
                     if reply.pace:
                         time.sleep(reply.pace)
+                if (payload.get("stream_options") or {}).get("include_usage"):
+                    # As real servers do when asked: a last chunk with no choices.
+                    usage = {"prompt_tokens": 7, "completion_tokens": len(reply.chunks)}
+                    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+                    last = {"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                            "created": int(time.time()), "model": "fake",
+                            "choices": [], "usage": usage}  # fmt: skip
+                    self.wfile.write(b"data: " + json.dumps(last).encode() + b"\n\n")
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
 

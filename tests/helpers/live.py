@@ -13,8 +13,8 @@ __all__ = ["LiveServer", "free_port", "two_servers"]
 
 
 class LiveServer(DaphneProcess):
-    def __init__(self, *, log_path: Path, **env: str) -> None:
-        super().__init__(env=child_env(**env), log_path=log_path)
+    def __init__(self, *, log_path: Path, port: int | None = None, **env: str) -> None:
+        super().__init__(env=child_env(**env), port=port, log_path=log_path)
 
 
 @contextmanager

@@ -1,0 +1,399 @@
+"""Benchmark: the production shape (issue 36).
+
+Debian's nginx running ``deploy/nginx-site.conf`` (plain HTTP here, for
+both systems alike: TLS is nginx's cost, not theirs) in front of two
+daphne processes on PostgreSQL and Redis. 100 members each have a socket
+open; 2,000 calls wait; then decisions arrive at a steady rate (20/s for
+60 s by default) while 10 chats stream, and both processes are restarted,
+one after the other, in the middle. Each decision is timed from its POST to
+its tool's result on its member's socket. Reported: p50 and p99, errors,
+lost calls (decided but never finished with their own output), server CPU
+per decision, and the streams' rate. Then the minimal Channels peer behind
+the same nginx takes the same rate of approvals (a card, then its
+decision: it keeps nothing that could wait long or outlive a restart).
+
+    .venv/bin/python bench/production.py --waiting 2000 --rate 20 --seconds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import harness
+import httpx
+
+from deploy.cluster import DaphneProcess, free_port
+from deploy.proxy import LocalNginx
+
+DATABASE_URL = "postgres://postgres@127.0.0.1:5432/studio_bench"
+REDIS_URL = "redis://127.0.0.1:6379/5"
+RESULT = "data-tool-result="
+
+
+class Fleet:
+    """The daphne processes behind nginx, restartable on their ports; their CPU."""
+
+    def __init__(self, env: dict, ports: list[int], logs: Path) -> None:
+        self.env, self.logs = env, logs
+        self.servers = [self._start(port, n) for n, port in enumerate(ports)]
+        self.cpu_spent = 0.0  # by the processes stopped so far
+        self.marks = {s.pid: harness.cpu_seconds(s.pid) for s in self.servers}
+
+    def _start(self, port: int, n: int) -> DaphneProcess:
+        log = self.logs / f".bench-production-{n}.log"
+        return DaphneProcess(
+            env=self.env, app="bench.asgi:application", port=port, log_path=log
+        ).start(timeout=60)
+
+    def mark(self) -> None:
+        self.cpu_spent = 0.0
+        self.marks = {s.pid: harness.cpu_seconds(s.pid) for s in self.servers}
+
+    def cpu(self) -> float:
+        return self.cpu_spent + sum(
+            harness.cpu_seconds(s.pid) - self.marks.get(s.pid, 0.0) for s in self.servers
+        )
+
+    def rolling_restart(self) -> float:
+        started = time.monotonic()
+        for n, server in enumerate(list(self.servers)):
+            self.cpu_spent += harness.cpu_seconds(server.pid) - self.marks.get(server.pid, 0.0)
+            server.stop()
+            successor = self._start(server.port, n)
+            self.marks[successor.pid] = harness.cpu_seconds(successor.pid)
+            self.servers[n] = successor
+        return time.monotonic() - started
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+async def open_socket(proxy, session: str, conversation_id: int, deadline: float):
+    """A member's socket on a conversation through nginx (retried while a process restarts)."""
+    from websockets.asyncio.client import connect
+
+    while True:
+        try:
+            ws = await connect(
+                f"{proxy.ws_url}/ws/c/{conversation_id}/",
+                additional_headers={"Cookie": f"sessionid={session}", "Origin": proxy.url},
+                ssl=proxy.ssl,
+                max_size=None,
+            )
+            first = await asyncio.wait_for(ws.recv(), 10)
+            return ws, first
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def until(ws, needle: str, timeout: float) -> str:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        frame = await asyncio.wait_for(ws.recv(), max(0.001, end - loop.time()))
+        if needle in frame:
+            return frame
+
+
+class Load:
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.caught_up = 0  # results seen only in a reconnected socket's catch-up
+        self.errors: list[str] = []
+        self.decided: list[int] = []  # conversation ids whose decision got a 200
+        self.tokens = 0
+        self.stream_seconds = 0.0
+
+
+async def decisions(proxy, members, approvals, args, load: Load, stop_at: float) -> None:
+    """Decisions at ``args.rate`` per second, each on a conversation whose member
+    has its socket open on it."""
+    tickets: asyncio.Queue = asyncio.Queue()
+
+    async def pace() -> None:
+        start = time.monotonic()
+        n = 0
+        while time.monotonic() < stop_at:
+            n += 1
+            await asyncio.sleep(max(0.0, start + n / args.rate - time.monotonic()))
+            tickets.put_nowait(n)
+        for _ in members:
+            tickets.put_nowait(None)
+
+    async def member(session: str, csrf: str, conversations: list[int]) -> None:
+        headers = {**harness.member_headers(session, csrf), "Origin": proxy.url}
+        async with httpx.AsyncClient(base_url=proxy.url, verify=proxy.ssl, timeout=30) as http:
+            for cid in conversations:
+                ws, _ = await open_socket(proxy, session, cid, stop_at + 60)
+                try:
+                    if await tickets.get() is None:
+                        return
+                    t0 = time.perf_counter()
+                    try:
+                        reply = await http.post(
+                            f"/approvals/{approvals[cid]}/decide/",
+                            data={"decision": "allow"},
+                            headers=headers,
+                        )
+                    except httpx.HTTPError as exc:
+                        load.errors.append(f"POST {type(exc).__name__}")
+                        continue
+                    if reply.status_code != 200:
+                        load.errors.append(f"POST {reply.status_code}")
+                        continue
+                    load.decided.append(cid)
+                    try:
+                        await until(ws, RESULT, 20)
+                        load.latencies.append(time.perf_counter() - t0)
+                    except Exception:
+                        # The socket's process restarted: a new socket's
+                        # catch-up shows the result once the run has it.
+                        await ws.close()
+                        while time.monotonic() < stop_at + 60:
+                            ws, first = await open_socket(proxy, session, cid, stop_at + 60)
+                            if RESULT in first:
+                                load.caught_up += 1
+                                break
+                            await ws.close()
+                            await asyncio.sleep(0.5)
+                finally:
+                    await ws.close()
+
+    tasks = [asyncio.create_task(pace())]
+    tasks += [asyncio.create_task(member(*m)) for m in members]
+    await asyncio.gather(*tasks)
+
+
+async def streams(proxy, chats, load: Load, stop_at: float, pace: float) -> None:
+    async def chat(session: str, cid: int) -> None:
+        while time.monotonic() < stop_at:
+            try:
+                ws, _ = await open_socket(proxy, session, cid, stop_at)
+                await ws.send(f'{{"message": "stream 500 {pace:g}"}}')
+                t0, tokens = time.monotonic(), 0
+                while True:
+                    frame = await asyncio.wait_for(ws.recv(), 30)
+                    if 'data-running="false"' in frame:
+                        break
+                    if '-body">' in frame:
+                        tokens += frame.count("tok")
+                load.tokens += tokens
+                load.stream_seconds += time.monotonic() - t0
+                await ws.close()
+            except Exception:
+                await asyncio.sleep(0.2)  # a restart cut it: the next reply
+
+    await asyncio.gather(*(chat(s, c) for s, c in chats))
+
+
+def park(proxy, sessions_and_cids: list[tuple[str, str, int]]) -> None:
+    def send(item) -> int:
+        session, csrf, cid = item
+        headers = {**harness.member_headers(session, csrf), "Origin": proxy.url}
+        headers.pop("Accept")
+        with httpx.Client(base_url=proxy.url, verify=proxy.ssl, timeout=60) as http:
+            return http.post(
+                f"/c/{cid}/send/", data={"message": f"echo out-{cid}"}, headers=headers
+            ).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(send, sessions_and_cids))
+    assert set(codes) == {302}, set(codes)
+
+
+def csrf_for(proxy, session: str) -> str:
+    with httpx.Client(base_url=proxy.url, verify=proxy.ssl, cookies={"sessionid": session}) as h:
+        h.get("/")
+        return h.cookies["csrftoken"]
+
+
+def studio(args, work: Path) -> dict:
+    from approvals.models import ToolApproval
+    from chat.models import Message, Run
+
+    ToolApproval.objects.all().delete()
+    Run.objects.all().delete()
+    static = work / "static"
+    subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
+        cwd=harness.ROOT, env=harness.server_env(STUDIO_STATIC_ROOT=str(static)), check=True,
+    )  # fmt: skip
+    env = harness.server_env(
+        STUDIO_HTTPS="True", STUDIO_APPROVAL_POLL_SECONDS="1", STUDIO_SHUTDOWN_GRACE_SECONDS="10"
+    )
+    fleet = Fleet(env, [free_port(), free_port()], harness.ROOT / "bench")
+    prefix = work / "nginx"
+    prefix.mkdir()
+    proxy = LocalNginx(prefix, [s.port for s in fleet.servers], static, tls=False).start()
+    try:
+        people = [harness.make_member(f"member{n}") for n in range(args.members + args.streams)]
+        csrfs = [csrf_for(proxy, session) for _, session in people]
+        deciders = people[: args.members]
+        per = args.waiting // args.members
+        plan = [
+            (n, harness.make_conversation(u).pk)
+            for n, (u, _) in enumerate(deciders)
+            for _ in range(per)
+        ]
+        t0 = time.monotonic()
+        park(proxy, [(deciders[n][1], csrfs[n], cid) for n, cid in plan])
+        waiting = Run.objects.filter(status="running", owner="").exclude(waiting_on="")
+        while waiting.count() < len(plan):
+            time.sleep(0.2)
+        park_s = time.monotonic() - t0
+        approvals = dict(
+            ToolApproval.objects.pending().values_list("conversation_id", "approval_id")
+        )
+        members = [
+            (deciders[n][1], csrfs[n], [cid for m, cid in plan if m == n])
+            for n in range(len(deciders))
+        ]
+        chats = [(s, harness.make_conversation(u).pk) for u, s in people[args.members :]]
+        load = Load()
+        restart = {}
+
+        def restart_later() -> None:
+            time.sleep(args.seconds / 2)
+            restart["seconds"] = fleet.rolling_restart()
+
+        fleet.mark()
+        started = time.monotonic()
+        stop_at = started + args.seconds
+        restarter = threading.Thread(target=restart_later)
+        restarter.start()
+
+        async def run() -> None:
+            await asyncio.gather(
+                decisions(proxy, members, approvals, args, load, stop_at),
+                streams(proxy, chats, load, stop_at, args.stream_pace),
+            )
+
+        asyncio.run(run())
+        restarter.join()
+        cpu = fleet.cpu()
+        window = time.monotonic() - started
+        # Lost: decided, and never finished with its own output.
+        deadline = time.monotonic() + 60
+        done = Run.objects.filter(status="done", conversation_id__in=load.decided)
+        while done.count() < len(load.decided) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        outputs = dict(
+            Message.objects.filter(role="tool", conversation_id__in=load.decided).values_list(
+                "conversation_id", "content"
+            )
+        )
+        lost = sum(outputs.get(cid) != f"out-{cid}" for cid in load.decided)
+        twice = Message.objects.filter(role="tool", conversation_id__in=load.decided).count() - len(
+            outputs
+        )
+        return {
+            "park_s": park_s,
+            "load": load,
+            "cpu": cpu,
+            "window": window,
+            "lost": lost,
+            "twice": twice,
+            "restart": restart.get("seconds"),
+        }
+    finally:
+        proxy.stop()
+        fleet.stop()
+
+
+def peer(args, work: Path) -> dict:
+    server = DaphneProcess(
+        env=harness.peer_env(), app="bench.peers.channels_peer:application"
+    ).start()
+    prefix = work / "nginx-peer"
+    prefix.mkdir()
+    proxy = LocalNginx(prefix, [server.port], work / "static", tls=False).start()
+    user, session = harness.make_member("peer-member")
+    http = httpx.Client(base_url=proxy.url, verify=proxy.ssl, timeout=30)
+    cycles = harness.SocketCycles(
+        ws_server=PeerAddress(proxy),
+        user=user,
+        session=session,
+        decide=lambda approval_id: http.post(f"/approvals/{approval_id}/decide/"),
+        cpu_pid=server.pid,
+    )
+    latencies, cpu = [], []
+    try:
+        start = time.monotonic()
+        n = 0
+        while time.monotonic() - start < args.seconds:
+            n += 1
+            time.sleep(max(0.0, start + n / args.rate - time.monotonic()))
+            trip = cycles.one()
+            latencies.append(trip.total)
+            cpu.append(trip.cpu)
+    finally:
+        cycles.close()
+        http.close()
+        proxy.stop()
+        server.stop()
+    return {"latencies": latencies, "cpu": statistics.median(cpu)}
+
+
+class PeerAddress:
+    """The proxy as SocketCycles reaches a server (sync websockets: TLS context too)."""
+
+    def __init__(self, proxy) -> None:
+        self.url, self.ws_url = proxy.url, proxy.ws_url
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--waiting", type=int, default=2000)
+    parser.add_argument("--members", type=int, default=100)
+    parser.add_argument("--streams", type=int, default=10)
+    parser.add_argument("--stream-pace", type=float, default=100, help="each stream's tokens/s")
+    parser.add_argument("--rate", type=float, default=20, help="decisions per second")
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--no-peer", action="store_true")
+    args = parser.parse_args()
+    subprocess.run(["redis-cli", "-n", "5", "flushdb"], check=True, capture_output=True)
+    harness.setup_django(DATABASE_URL, REDIS_URL)
+    with tempfile.TemporaryDirectory(prefix="studio-production-") as tmp:
+        work = Path(tmp)
+        s = studio(args, work)
+        p = None if args.no_peer else peer(args, work)
+    load: Load = s["load"]
+    total = len(load.latencies)
+    print(
+        f"Studio: nginx + 2 daphne + PostgreSQL + Redis; {args.waiting} calls waiting "
+        f"(started in {s['park_s']:.0f} s), {args.members} members' sockets, {args.streams} "
+        f"chats streaming at {args.stream_pace:g} tok/s each; rolling restart of both "
+        f"processes in the middle ({s['restart'] or 0:.1f} s)"
+    )
+    print(
+        f"  decisions: {len(load.decided)} in {s['window']:.0f} s; POST -> result on the socket "
+        f"{harness.summary_ms(load.latencies)} ({total} timed; {load.caught_up} seen after a "
+        f"reconnect); errors {len(load.errors)} {sorted(set(load.errors))}; lost {s['lost']}; "
+        f"run twice {s['twice']}"
+    )
+    print(
+        f"  server CPU per decision (both processes, streams included): "
+        f"{s['cpu'] / max(1, len(load.decided)) * 1000:.1f} ms; streams delivered "
+        f"{load.tokens / max(load.stream_seconds, 1e-9):.0f} tok/s per chat"
+    )
+    if p is not None:
+        print(
+            f"Channels peer behind the same nginx, one process, {args.rate:g} approvals/s: "
+            f"{harness.summary_ms(p['latencies'])}, CPU {p['cpu'] * 1000:.2f} ms per approval"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Logs that join up: every line carries the request, member, conversation,
+run and approval it is about, where they exist.
+
+The ids live in context variables: a request sets its own (the middleware
+below), a run's step sets the run's (``log_context``), and work handed to
+our pools from a request carries the request's along (``sync_to_async``
+copies the context). ``ContextFilter`` puts them on every record, for the
+text or the JSON formatter (STUDIO_LOG_FORMAT).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import uuid
+from contextvars import ContextVar
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+
+FIELDS = ("request_id", "user_id", "conversation_id", "run_id", "approval_id")
+_vars = {name: ContextVar(name, default="") for name in FIELDS}
+# What a proxy's X-Request-ID may be: an id, not a place to write log lines.
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,100}$")
+
+
+@contextlib.contextmanager
+def log_context(**fields):
+    """Set some of FIELDS for the lines logged inside the block (this thread or task)."""
+    tokens = [(_vars[k], _vars[k].set(str(v or ""))) for k, v in fields.items()]
+    try:
+        yield
+    finally:
+        for var, token in reversed(tokens):
+            var.reset(token)
+
+
+def log_context_keep(**fields) -> None:
+    """Set some of FIELDS for the rest of this task (a socket's, which ends with it)."""
+    for name, value in fields.items():
+        _vars[name].set(str(value or ""))
+
+
+def log_fields() -> dict[str, str]:
+    return {name: var.get() for name, var in _vars.items()}
+
+
+class ContextFilter(logging.Filter):
+    """Adds FIELDS to every record (empty where they do not exist)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in log_fields().items():
+            if not hasattr(record, name):
+                setattr(record, name, value)
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    """The usual line, then the ids that are set, as key=value."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        ids = " ".join(f"{n}={getattr(record, n)}" for n in FIELDS if getattr(record, n, ""))
+        return f"{line} [{ids}]" if ids else line
+
+
+class RequestIdMiddleware:
+    """Gives each request an id (a trusted proxy's X-Request-ID, or a new one),
+    logs under it and its member, and answers with it.
+
+    After AuthenticationMiddleware: the member is the one it found (read once
+    per request by LoginRequiredMiddleware anyway).
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if iscoroutinefunction(self):
+            return self._acall(request)
+        request_id = _request_id(request)
+        with log_context(request_id=request_id, user_id=request.user.pk):
+            response = self.get_response(request)
+        response["X-Request-ID"] = request_id
+        return response
+
+    async def _acall(self, request):
+        request_id = _request_id(request)
+        user = await request.auser()
+        with log_context(request_id=request_id, user_id=user.pk):
+            response = await self.get_response(request)
+        response["X-Request-ID"] = request_id
+        return response
+
+
+def _request_id(request) -> str:
+    given = request.headers.get("X-Request-ID", "")
+    if settings.STUDIO_HTTPS and _REQUEST_ID.match(given):
+        return given  # the proxy STUDIO_HTTPS declares is trusted for it
+    return uuid.uuid4().hex
