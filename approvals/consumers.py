@@ -132,6 +132,9 @@ class MemberSocket(AsyncWebsocketConsumer):
         """The member logged out or their account changed somewhere: re-check now."""
         await self._session_ended(ended=event.get("ended", ""))
 
+    async def rule_hit(self, event: dict) -> None:
+        """A rule of the member's was used: only a chat tab shows the count."""
+
     async def inbox_changed(self, event: dict) -> None:
         approval_id = str(event.get("approval_id", ""))
         pending = bool(event.get("pending"))

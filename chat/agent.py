@@ -199,30 +199,25 @@ class Agent:
 
     def _load(self) -> None:
         """Where the run is, from its rows: its turns, the calls answered, what succeeded."""
-        rows = Message.objects.filter(run_id=self.run_id).values_list(
-            "pk", "role", "tool_calls", "tool_call_id", "tool_name", "tool_arguments", "is_error"
-        )
         last_turn = last_role = None
-        for pk, role, tool_calls, call_id, tool_name, tool_arguments, is_error in rows.order_by(
-            "created_at", "id"
-        ):
-            last_role = role
-            if role == Message.Role.ASSISTANT:
-                last_turn = (pk, tool_calls)
-                self.call_ids.update(c["id"] for c in tool_calls)
-                self.rounds += bool(tool_calls)
-            elif role == Message.Role.TOOL:
-                self.answered.add(call_id)
-                if not is_error:
-                    self.succeeded.add((tool_name, arguments_hash(tool_arguments)))
+        for message in Message.objects.filter(run_id=self.run_id).order_by("created_at", "id"):
+            last_role = message.role
+            if message.role == Message.Role.ASSISTANT:
+                last_turn = message
+                self.call_ids.update(c["id"] for c in message.tool_calls)
+                self.rounds += bool(message.tool_calls)
+            elif message.role == Message.Role.TOOL:
+                self.answered.add(message.tool_call_id)
+                if not message.is_error:
+                    self.succeeded.add((message.tool_name, arguments_hash(message.tool_arguments)))
         # A final answer or an error message was the run's last word.
         self.finished = last_role == Message.Role.ERROR or (
-            last_role == Message.Role.ASSISTANT and not last_turn[1]
+            last_role == Message.Role.ASSISTANT and not last_turn.tool_calls
         )
-        if last_turn is not None and last_turn[1]:
+        if last_turn is not None and last_turn.tool_calls:
             self.rounds -= 1  # the turn in hand is not done yet: it counts once done
-            if any(c["id"] not in self.answered for c in last_turn[1]):
-                self.turn = Message.objects.get(pk=last_turn[0])
+            if any(c["id"] not in self.answered for c in last_turn.tool_calls):
+                self.turn = last_turn
 
     def _open_calls(self) -> list[ToolCall]:
         """The calls of the turn in hand still without a result, in the model's order."""

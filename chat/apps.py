@@ -29,6 +29,7 @@ class ChatConfig(AppConfig):
         tool_names_install(tool_names)
         rt = runtime()
         rt.inbox.register("run.cancel", engine.cancel_from_message)
+        rt.inbox.register("runs.resume", engine.resume_from_message)
         rt.services.append(engine.heartbeat)
         rt.services.append(engine.sweep)
         rt.on_exit.append(engine.wind_down)

@@ -6,7 +6,7 @@ from approvals.consumers import MemberSocket, off_loop
 from approvals.inbox import count_badge, inbox_count
 from approvals.models import ToolApproval
 from chat import render
-from chat.engine import run_launch, run_stop
+from chat.engine import run_launch, run_retry, run_stop
 from chat.limits import MAX_FRAME, MAX_MESSAGE
 from chat.models import Conversation
 from studio.logs import log_context_keep
@@ -76,6 +76,11 @@ class ChatConsumer(MemberSocket):
             if not await off_loop(run_stop, conversation_id=self.conversation_id, user=self.user):
                 await self.notice("Nothing is running.", level="info")
             return
+        if action == "retry":
+            launch = await off_loop(run_retry, conversation_id=self.conversation_id, user=self.user)
+            if not launch.ok:
+                await self.notice(launch.refusal)
+            return
         if action != "send":
             await self.notice("Unknown action.")
             return
@@ -108,6 +113,11 @@ class ChatConsumer(MemberSocket):
 
     async def chat_fragment(self, event: dict) -> None:
         await self.send(text_data=event["html"])
+
+    async def rule_hit(self, event: dict) -> None:
+        """A rule of the member's was used: its count, where this tab shows that rule."""
+        if event.get("conversation_id") in (0, self.conversation_id):
+            await self.send(text_data=event["html"])
 
     async def approval_changed(self, event: dict) -> None:
         html = event["html"]

@@ -39,6 +39,7 @@ from chat.llm import get_model
 from chat.models import Conversation, Message, Run
 from chat.services import (
     RunBusy,
+    conversation_retryable,
     run_claim,
     run_create,
     run_finish,
@@ -50,7 +51,7 @@ from chat.services import (
 )
 from chat.toolbox import toolbox_for
 from studio.logs import log_context
-from studio.runtime import LocalRun, Runtime, release_connection, runtime
+from studio.runtime import SHARED_CHANNEL, LocalRun, Runtime, release_connection, runtime
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ REFUSALS = {
     "empty": "Type a message first.",
     "gone": "This conversation no longer exists.",
     "down": "The server is shutting down; your message was not sent. Try again in a moment.",
+    "nothing": "There is nothing to retry.",
 }
 
 
@@ -87,6 +89,17 @@ def run_launch(*, conversation_id: int, user, text: str) -> Launch:
     """Save the user's message and start a run for it (blocking: call off the loop)."""
     if not text.strip():
         return Launch(ok=False, reason="empty")
+    return _launch(conversation_id, user, text)
+
+
+def run_retry(*, conversation_id: int, user) -> Launch:
+    """Ask the model again after a run that ended in an error (blocking: call off the loop)."""
+    if not conversation_retryable(conversation_id):
+        return Launch(ok=False, reason="nothing")
+    return _launch(conversation_id, user, None)
+
+
+def _launch(conversation_id: int, user, text: str | None) -> Launch:
     rt = runtime()
     if not rt.serving:
         return Launch(ok=False, reason="down")
@@ -108,11 +121,14 @@ def run_launch(*, conversation_id: int, user, text: str) -> Launch:
 def run_wake(run_ids) -> None:
     """Step these runs here if they can go on (a call of theirs was decided or ended).
 
-    A process that serves nothing (a management command) leaves them to the
-    servers' sweeps.
+    A process that serves no loop (a WSGI worker, a management command) hands
+    them to the serving processes through the shared channel; were that
+    message lost, their sweeps find the runs.
     """
     rt = runtime()
     if not rt.serving:
+        message = {"type": "runs.resume", "run_ids": [str(r) for r in run_ids]}
+        rt.outbox.channel(SHARED_CHANNEL, message)
         return
     for run_id in run_ids:
         run_id = str(run_id)
@@ -143,6 +159,11 @@ def run_stop(*, conversation_id: int, user) -> bool:
     return True
 
 
+def resume_from_message(message: dict) -> None:
+    """Inbox handler for ``runs.resume``, handed over by a process that serves no loop."""
+    run_wake(message.get("run_ids") or [])
+
+
 def cancel_from_message(message: dict) -> None:
     """Inbox handler for ``run.cancel`` sent by the process where Stop was pressed."""
     local = runtime().local_runs().get(str(message.get("run_id", "")))
@@ -167,21 +188,25 @@ def _drive(rt: Runtime, run_id: str, *, launched: tuple | None = None) -> None:
         if launched is not None:
             run, first = launched
             resumed = False
+            announce = True
         else:
             claim = run_claim(run_id=run_id, owner=owner)
             if claim is None:
                 return  # someone else steps it, it ended, or it cannot go on yet
             run, first, resumed = claim.run, None, claim.resumed
+            announce = resumed
         ids = {"run_id": run_id, "conversation_id": run.conversation_id}
         with log_context(**ids, user_id=run.started_by_id):
-            _step_until_it_waits(rt, run, first, resumed)
+            _step_until_it_waits(rt, run, first, resumed, announce)
     except Exception:
         logger.exception("run %s: driver failed", run_id)
     finally:
         release_connection()
 
 
-def _step_until_it_waits(rt: Runtime, run: Run, first: Message | None, resumed: bool) -> None:
+def _step_until_it_waits(
+    rt: Runtime, run: Run, first: Message | None, resumed: bool, announce: bool
+) -> None:
     """Step the claimed run, again while a decision lands as it lets go; then let it go."""
     run_id, owner = str(run.pk), rt.inbox.name
     while True:
@@ -191,7 +216,7 @@ def _step_until_it_waits(rt: Runtime, run: Run, first: Message | None, resumed: 
         with rt.lock:
             rt.runs[run_id] = local
         try:
-            waiting_on = Stepper(local, run, first=first, resumed=resumed).step()
+            waiting_on = Stepper(local, run, first=first, resumed=resumed, announce=announce).step()
         finally:
             with rt.lock:
                 rt.runs.pop(run_id, None)
@@ -202,19 +227,27 @@ def _step_until_it_waits(rt: Runtime, run: Run, first: Message | None, resumed: 
         claim = run_claim(run_id=run_id, owner=owner)
         if claim is None:
             return
-        run, first, resumed = claim.run, None, False
+        run, first, resumed, announce = claim.run, None, False, False
 
 
 class Stepper:
     """One step of a run on a worker thread; publishes its events as fragments."""
 
     def __init__(
-        self, local: LocalRun, run: Run, *, first: Message | None = None, resumed: bool = False
+        self,
+        local: LocalRun,
+        run: Run,
+        *,
+        first: Message | None = None,
+        resumed: bool = False,
+        announce: bool = False,
     ) -> None:
         self.local = local
         self.run = run
         self.first = first
         self.resumed = resumed
+        # Tell the tabs the run goes (a new run, or one taken over).
+        self.announce = announce or first is not None or resumed
         self.agent: Agent | None = None
         self.publisher: Publisher | None = None
         self.status, self.error = Run.Status.DONE, ""
@@ -229,7 +262,7 @@ class Stepper:
             publisher.send(render.title(conversation.title))
         elif self.resumed:
             publisher.send(render.notice(RESUMED_TEXT, level="info"))
-        if self.first is not None or self.resumed:
+        if self.announce:
             publisher.send(render.run_controls(running=True, conversation_id=conversation.pk))
             publisher.flush()
         try:
@@ -292,7 +325,11 @@ class Stepper:
         )
         self.publisher.send(render.run_status(""))
         self.publisher.send(
-            render.run_controls(running=False, conversation_id=self.local.conversation_id)
+            render.run_controls(
+                running=False,
+                conversation_id=self.local.conversation_id,
+                retry=self.status == Run.Status.ERROR,
+            )
         )
         self._learned()
         self.publisher.flush()

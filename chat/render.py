@@ -20,6 +20,7 @@ from chat import events
 from chat.display import Item, MessageView, ToolBlock, blocks_for, tool_dom_id, transcript_items
 from chat.limits import MAX_MESSAGE
 from chat.models import Conversation, Message, Run
+from chat.services import conversation_retryable
 from chat.tools import builtin_tools
 
 
@@ -128,15 +129,16 @@ def run_status(text: str) -> str:
     return render_to_string("chat/_run_status.html", {"text": text})
 
 
-def run_controls(*, running: bool, conversation_id: int) -> str:
-    return _run_controls(running, conversation_id, get_script_prefix())
+def run_controls(*, running: bool, conversation_id: int, retry: bool = False) -> str:
+    """Stop while a run goes; Retry after one that ended in an error."""
+    return _run_controls(running, conversation_id, retry and not running, get_script_prefix())
 
 
 @functools.lru_cache(maxsize=1024)
-def _run_controls(running: bool, conversation_id: int, prefix: str) -> str:
+def _run_controls(running: bool, conversation_id: int, retry: bool, prefix: str) -> str:
     return render_to_string(
         "chat/_run_controls.html",
-        {"running": running, "oob": True, "conversation_id": conversation_id},
+        {"running": running, "retry": retry, "oob": True, "conversation_id": conversation_id},
     )
 
 
@@ -168,10 +170,12 @@ def settings_context(conversation: Conversation) -> dict:
 
 def page_context(conversation: Conversation) -> dict:
     """Everything ``chat/conversation.html`` shows."""
+    running = Run.objects.running().filter(conversation=conversation).exists()
     return {
         **settings_context(conversation),
         "items": transcript_items(conversation),
-        "running": Run.objects.running().filter(conversation=conversation).exists(),
+        "running": running,
+        "retry": not running and conversation_retryable(conversation.pk),
         "message_max_length": MAX_MESSAGE,
         "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH,
     }
@@ -191,9 +195,10 @@ def review_context(conversation: Conversation, *, viewer) -> dict:
 def catch_up(conversation: Conversation) -> str:
     """Everything a (re)connecting tab needs to be current: transcript and run state."""
     running = Run.objects.running().filter(conversation=conversation).exists()
+    retry = not running and conversation_retryable(conversation.pk)
     return (
         transcript(conversation)
-        + run_controls(running=running, conversation_id=conversation.pk)
+        + run_controls(running=running, conversation_id=conversation.pk, retry=retry)
         + settings_panel(conversation, oob=True)
     )
 

@@ -119,9 +119,10 @@ def conversation_rule_revoke(*, conversation: Conversation, rule_id: int, user) 
     return rule_revoke(rule=rule, user=user)
 
 
-def run_create(*, run_id: str, conversation_id: int, user, text: str, owner: str) -> tuple:
+def run_create(*, run_id: str, conversation_id: int, user, text: str | None, owner: str) -> tuple:
     """Claim the conversation for a new run, owned by ``owner``, and save the
-    user's message; returns (run, message).
+    user's message (None: a retry, from the conversation as it is); returns
+    (run, message or None).
 
     The database's partial unique index makes the claim atomic across
     processes: a conversation whose run goes on (working or waiting, in any
@@ -135,15 +136,28 @@ def run_create(*, run_id: str, conversation_id: int, user, text: str, owner: str
             run = Run.objects.create(
                 id=run_id, conversation=conversation, started_by=conversation.owner, owner=owner
             )
-            message = Message.objects.create(
-                conversation=conversation, run=run, role=Message.Role.USER, content=text
-            )
-            if conversation.title == "New chat":
+            message = None
+            if text is not None:
+                message = Message.objects.create(
+                    conversation=conversation, run=run, role=Message.Role.USER, content=text
+                )
+            if conversation.title == "New chat" and text:
                 conversation.title = _title_from(text)
             conversation.save(update_fields=["title", "updated_at"])
     except IntegrityError:
         raise RunBusy(conversation_id) from None
     return run, message
+
+
+def conversation_retryable(conversation_id: int) -> bool:
+    """Its last word is an error (the model was down, say): a retry may ask again."""
+    last = (
+        Message.objects.filter(conversation_id=conversation_id)
+        .order_by("-created_at", "-id")
+        .values_list("role", flat=True)
+        .first()
+    )
+    return last == Message.Role.ERROR
 
 
 def _title_from(text: str) -> str:

@@ -11,6 +11,7 @@ urlpatterns = [
     path("c/<int:conversation_id>/", views.conversation_detail, name="conversation"),
     path("c/<int:conversation_id>/send/", views.conversation_send, name="send"),
     path("c/<int:conversation_id>/stop/", views.conversation_stop, name="stop"),
+    path("c/<int:conversation_id>/retry/", views.conversation_retry, name="retry"),
     path("c/<int:conversation_id>/settings/", views.conversation_settings, name="settings"),
     path("c/<int:conversation_id>/files/<path:key>", views.conversation_file, name="file"),
     path(

@@ -7,7 +7,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from chat import render as fragments
-from chat.engine import run_launch, run_stop
+from chat.engine import run_launch, run_retry, run_stop
 from chat.limits import MAX_MESSAGE
 from chat.models import Conversation
 from chat.services import (
@@ -81,6 +81,17 @@ def conversation_stop(request: HtmxHttpRequest, conversation_id: int) -> HttpRes
     conversation = _owned(request, conversation_id)
     if not run_stop(conversation_id=conversation.pk, user=request.user):
         messages.info(request, "Nothing is running.")
+    return redirect(conversation)
+
+
+@require_POST
+@login_required
+def conversation_retry(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
+    """Plain-form fallback of the socket's Retry: ask the model again after an error."""
+    conversation = _owned(request, conversation_id)
+    launch = run_retry(conversation_id=conversation.pk, user=request.user)
+    if not launch.ok:
+        messages.error(request, launch.refusal)
     return redirect(conversation)
 
 

@@ -226,8 +226,13 @@ class Outbox:
                     )
 
 
+# A channel every serving process listens on: work any one of them may take
+# (a run to resume, handed over by a process that serves no socket).
+SHARED_CHANNEL = "studio.shared"
+
+
 class Inbox:
-    """This process's own channel, and the tasks that serve it.
+    """This process's own channel and the shared one, and the tasks that serve them.
 
     A run's row names the inbox of the process stepping it; a Stop pressed
     in another process is sent here. With Redis, a watcher notices a Redis
@@ -258,7 +263,10 @@ class Inbox:
         # channels as one (channels-redis's core layer receives them through
         # one list under one lock, which another prefix would hold alone).
         self.name = await layer.new_channel()
-        self._tasks = [loop.create_task(self._listen(layer, self.name))]
+        self._tasks = [
+            loop.create_task(self._listen(layer, self.name)),
+            loop.create_task(self._listen(layer, SHARED_CHANNEL)),
+        ]
         if settings.REDIS_URL:
             self._tasks.append(
                 loop.create_task(

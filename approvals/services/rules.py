@@ -15,12 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import F
+from django.template.loader import render_to_string
 from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolRule
+from approvals.notify import member_group
 from approvals.patterns import glob_escape, glob_match
 from studio.metrics import RULE_HITS
+from studio.runtime import runtime
 from studio.shell import Reading
 from studio.text import canonical_json
 
@@ -124,6 +128,22 @@ def rule_hit(rule: ToolRule | None) -> None:
         RULE_HITS.labels(rule.action).inc()
     if rule is not None and rule.pk is not None:
         ToolRule.objects.filter(pk=rule.pk).update(hits=F("hits") + 1, last_hit_at=timezone.now())
+        if rule.scope in (Scope.MEMBER, Scope.CONVERSATION):
+            _hits_broadcast(rule)
+
+
+def _hits_broadcast(rule: ToolRule) -> None:
+    """A member's own rule: its "used N×" changes in each of their tabs that shows it."""
+    hit = ToolRule.objects.select_related("conversation").filter(pk=rule.pk).first()
+    owner = hit and (hit.member_id or (hit.conversation and hit.conversation.owner_id))
+    if not owner:
+        return
+    message = {
+        "type": "rule.hit",
+        "conversation_id": hit.conversation_id or 0,
+        "html": render_to_string("approvals/_rule_hits.html", {"rule": hit, "oob": True}),
+    }
+    transaction.on_commit(lambda: runtime().outbox.group(member_group(owner), message))
 
 
 def _verdict(

@@ -48,3 +48,18 @@ def line_count(text: str) -> int:
 def is_long(text: str) -> bool:
     text = text or ""
     return text.count("\n") >= COLLAPSE_LINES or len(text) > 2000
+
+
+# A long message shows this much, and the rest folded.
+FOLD_LINES = 8
+FOLD_CHARS = 800
+
+
+@register.filter
+def fold(text: str) -> tuple[str, str]:
+    """(what shows, what is folded: empty when the text is not long)."""
+    text = text or ""
+    if not is_long(text):
+        return text, ""
+    head = "\n".join(text.split("\n")[:FOLD_LINES])[:FOLD_CHARS]
+    return head, text[len(head) :]

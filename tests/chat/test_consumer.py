@@ -430,3 +430,54 @@ async def test_a_run_left_by_a_previous_server_is_resumed_and_the_tab_told(
     await sync_to_async(dead.refresh_from_db)()
     assert (dead.status, dead.resumes) == ("done", 1)
     await comm.disconnect()
+
+
+async def test_a_model_that_is_down_offers_a_retry_that_asks_it_again(
+    conversation, alice, settings
+):
+    """Issue 37: Retry after the model failed; the internal URL is never shown."""
+    from tests.helpers.fake_openai import FakeOpenAI, Reply, content_chunks
+
+    with FakeOpenAI() as fake:
+        settings.LLM_BASE_URL = fake.base_url
+        fake.replies.append(Reply(status=503))
+        fake.replies.append(Reply(chunks=content_chunks("Back ", "again.")))
+        comm, _, _ = await open_socket(conversation.pk, alice)
+        await comm.receive_from(timeout=BOUND)
+        await send(comm, action="retry")
+        assert "nothing to retry" in await receive_until(comm, 'id="notice"')
+        await send(comm, message="what is up?")
+        frames = await receive_until(comm, 'data-running="false"')
+        assert "msg-error" in frames and 'id="retry-button"' in frames
+        assert fake.base_url not in frames and "127.0.0.1" not in frames
+        await send(comm, action="retry")
+        frames = await receive_until(comm, 'data-running="false"')
+        assert "Back again." in frames and 'id="retry-button"' not in frames
+        await comm.disconnect()
+    # Asked again with the same question, once; no second copy of it.
+    assert fake.requests[1]["messages"][-1] == {"role": "user", "content": "what is up?"}
+    roles = await sync_to_async(
+        lambda: list(conversation.messages.values_list("role", flat=True))
+    )()
+    assert roles == ["user", "error", "assistant"]
+
+
+async def test_a_rules_use_counter_updates_live(conversation, alice):
+    """Issue 37: "used N×" in the rules panel changes as the rule decides calls."""
+    from approvals.models import ToolRule
+
+    rule = await sync_to_async(ToolRule.objects.create)(
+        tool="python",
+        action="allow",
+        scope="conversation",
+        conversation=conversation,
+        member=alice,
+        created_by=alice,
+    )
+    comm, _, _ = await open_socket(conversation.pk, alice)
+    assert f'id="rule-hits-{rule.pk}">used 0×' in await comm.receive_from(timeout=BOUND)
+    await send(comm, message="run python: print(1)")
+    frames = await receive_until(comm, f'id="rule-hits-{rule.pk}"')
+    assert f'<span id="rule-hits-{rule.pk}" hx-swap-oob="outerHTML">used 1×</span>' in frames
+    await receive_until(comm, 'data-running="false"')
+    await comm.disconnect()

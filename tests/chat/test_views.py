@@ -64,6 +64,7 @@ def test_other_members_conversation_is_404(alice_client, bob):
     assert alice_client.get(theirs.get_absolute_url()).status_code == 404
     assert alice_client.post(reverse("chat:settings", args=[theirs.pk]), {}).status_code == 404
     assert alice_client.post(reverse("chat:stop", args=[theirs.pk])).status_code == 404
+    assert alice_client.post(reverse("chat:retry", args=[theirs.pk])).status_code == 404
     assert (
         alice_client.post(reverse("chat:send", args=[theirs.pk]), {"message": "x"}).status_code
         == 404
@@ -139,3 +140,27 @@ def test_posts_need_csrf(alice, conversation):
     client.force_login(alice)
     assert client.post(reverse("chat:settings", args=[conversation.pk]), {}).status_code == 403
     assert client.post(reverse("chat:new")).status_code == 403
+
+
+def test_the_page_offers_retry_only_after_an_error(alice_client, conversation):
+    Message.objects.create(conversation=conversation, role="user", content="hi")
+    assert 'id="retry-button"' not in alice_client.get(conversation.get_absolute_url()).text
+    response = alice_client.post(reverse("chat:retry", args=[conversation.pk]), follow=True)
+    assert "There is nothing to retry." in response.text
+    Message.objects.create(conversation=conversation, role="error", content="The model is down.")
+    assert 'id="retry-button"' in alice_client.get(conversation.get_absolute_url()).text
+
+
+def test_a_long_message_folds_and_keeps_every_character(alice_client, conversation):
+    import html
+    import re
+
+    text = "\n".join(f"line {n} " + "x" * 50 for n in range(300))
+    Message.objects.create(conversation=conversation, role="user", content=text)
+    Message.objects.create(conversation=conversation, role="user", content="short one")
+    page = alice_client.get(conversation.get_absolute_url()).text
+    assert page.count('<details class="fold">') == 1
+    assert "Show all of it (300 lines, " in page
+    parts = [html.unescape(p) for p in re.findall(r'<p class="user-text">(.*?)</p>', page, re.S)]
+    assert parts[0] + parts[1] == text and parts[0].count("\n") < 10
+    assert parts[2] == "short one"

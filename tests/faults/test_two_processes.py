@@ -17,6 +17,7 @@ from chat.models import Message, Run
 from tests.factories import make_approval, make_conversation
 from tests.helpers.clients import APPROVAL_ID, Browserish, Tab, session_cookie
 from tests.helpers.live import LiveServer, two_servers
+from tests.helpers.procs import read_line, spawn
 from tests.helpers.services import cluster_env
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
@@ -230,3 +231,28 @@ def test_16_decision_posts_over_two_processes(cluster, conversation, alice):
     assert row.status in ("allowed", "denied") and row.decided_by == alice
     for page in pages:
         page.close()
+
+
+def test_a_decision_made_outside_any_server_hands_the_run_over(
+    redis_server, workspace_root, tmp_path, conversation, alice
+):
+    """A process that serves no loop (a WSGI worker, a command) records the decision;
+    a server resumes the run through the shared channel, long before any sweep."""
+    env = {**cluster_env(redis_server.url, workspace_root), "STUDIO_APPROVAL_POLL_SECONDS": "300"}
+    session = session_cookie(alice)
+    with two_servers(tmp_path, **env) as (a, b):
+        tab, approval_id = park_a_run(a, conversation, session)
+        child = spawn(
+            "decide_proc.py", approval_id, alice.username, "allow", REDIS_URL=redis_server.url
+        )
+        try:
+            assert read_line(child, BOUND).strip() == "ready"
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert '"resolved": true' in read_line(child, BOUND)
+            tab.until('<pre class="output">42')
+            tab.until('data-running="false"')
+        finally:
+            child.kill()
+            tab.close()
+    assert run_of(conversation).status == "done"

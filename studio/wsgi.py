@@ -1,0 +1,16 @@
+"""WSGI entry point: Studio's HTTP under a WSGI server (gunicorn), with daphne
+serving only the WebSockets (Channels' second deployment layout, README).
+
+A decision recorded here hands its run to the daphne processes (the shared
+channel), which step runs; this process never does.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "studio.settings")
+
+application = get_wsgi_application()
