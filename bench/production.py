@@ -25,7 +25,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import harness
@@ -198,19 +197,23 @@ async def streams(proxy, chats, load: Load, stop_at: float, pace: float) -> None
     await asyncio.gather(*(chat(s, c) for s, c in chats))
 
 
-def park(proxy, sessions_and_cids: list[tuple[str, str, int]]) -> None:
-    def send(item) -> int:
-        session, csrf, cid = item
-        headers = {**harness.member_headers(session, csrf), "Origin": proxy.url}
-        headers.pop("Accept")
-        with httpx.Client(base_url=proxy.url, verify=proxy.ssl, timeout=60) as http:
-            return http.post(
-                f"/c/{cid}/send/", data={"message": f"echo out-{cid}"}, headers=headers
-            ).status_code
+def park(proxy, sessions_and_cids: list[tuple[str, int]]) -> None:
+    """Each conversation's member sends its message over its socket, 8 at a time,
+    until its card is out."""
 
-    with ThreadPoolExecutor(8) as pool:
-        codes = list(pool.map(send, sessions_and_cids))
-    assert set(codes) == {302}, set(codes)
+    async def all_of_them() -> None:
+        limit = asyncio.Semaphore(8)
+
+        async def one(session: str, cid: int) -> None:
+            async with limit:
+                ws, _ = await open_socket(proxy, session, cid, time.monotonic() + 60)
+                await ws.send(f'{{"message": "echo out-{cid}"}}')
+                await until(ws, 'data-status="pending"', 30)
+                await ws.close()
+
+        await asyncio.gather(*(one(session, cid) for session, cid in sessions_and_cids))
+
+    asyncio.run(all_of_them())
 
 
 def csrf_for(proxy, session: str) -> str:
@@ -219,7 +222,20 @@ def csrf_for(proxy, session: str) -> str:
         return h.cookies["csrftoken"]
 
 
-def studio(args, work: Path) -> dict:
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a process and its children (gunicorn's workers)."""
+    total = harness.cpu_seconds(pid)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            total += harness.cpu_seconds(int(stat.parent.name))
+    return total
+
+
+def studio(args, work: Path, layout: str) -> dict:
     from approvals.models import ToolApproval
     from chat.models import Message, Run
 
@@ -234,11 +250,25 @@ def studio(args, work: Path) -> dict:
         STUDIO_HTTPS="True", STUDIO_APPROVAL_POLL_SECONDS="1", STUDIO_SHUTDOWN_GRACE_SECONDS="10"
     )
     fleet = Fleet(env, [free_port(), free_port()], harness.ROOT / "bench")
-    prefix = work / "nginx"
+    wsgi = None
+    if layout == "wsgi":
+        wsgi = DaphneProcess(
+            env=env, app="bench.wsgi:application", server="gunicorn",
+            log_path=harness.ROOT / "bench" / ".bench-production-wsgi.log",
+        ).start(timeout=60)  # fmt: skip
+    prefix = work / f"nginx-{layout}"
     prefix.mkdir()
-    proxy = LocalNginx(prefix, [s.port for s in fleet.servers], static, tls=False).start()
+    proxy = LocalNginx(
+        prefix,
+        [s.port for s in fleet.servers],
+        static,
+        tls=False,
+        http_upstreams=[wsgi.port] if wsgi else None,
+    ).start()
     try:
-        people = [harness.make_member(f"member{n}") for n in range(args.members + args.streams)]
+        people = [
+            harness.make_member(f"{layout}-member{n}") for n in range(args.members + args.streams)
+        ]
         csrfs = [csrf_for(proxy, session) for _, session in people]
         deciders = people[: args.members]
         per = args.waiting // args.members
@@ -248,7 +278,7 @@ def studio(args, work: Path) -> dict:
             for _ in range(per)
         ]
         t0 = time.monotonic()
-        park(proxy, [(deciders[n][1], csrfs[n], cid) for n, cid in plan])
+        park(proxy, [(deciders[n][1], cid) for n, cid in plan])
         waiting = Run.objects.filter(status="running", owner="").exclude(waiting_on="")
         while waiting.count() < len(plan):
             time.sleep(0.2)
@@ -269,6 +299,7 @@ def studio(args, work: Path) -> dict:
             restart["seconds"] = fleet.rolling_restart()
 
         fleet.mark()
+        wsgi_cpu0 = tree_cpu(wsgi.pid) if wsgi else 0.0
         started = time.monotonic()
         stop_at = started + args.seconds
         restarter = threading.Thread(target=restart_later)
@@ -282,7 +313,7 @@ def studio(args, work: Path) -> dict:
 
         asyncio.run(run())
         restarter.join()
-        cpu = fleet.cpu()
+        cpu = fleet.cpu() + (tree_cpu(wsgi.pid) - wsgi_cpu0 if wsgi else 0.0)
         window = time.monotonic() - started
         # Lost: decided, and never finished with its own output.
         deadline = time.monotonic() + 60
@@ -310,6 +341,8 @@ def studio(args, work: Path) -> dict:
     finally:
         proxy.stop()
         fleet.stop()
+        if wsgi is not None:
+            wsgi.stop()
 
 
 def peer(args, work: Path) -> dict:
@@ -362,17 +395,33 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20, help="decisions per second")
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument(
+        "--layouts", nargs="+", default=["daphne", "wsgi"], choices=["daphne", "wsgi"]
+    )
     args = parser.parse_args()
     subprocess.run(["redis-cli", "-n", "5", "flushdb"], check=True, capture_output=True)
     harness.setup_django(DATABASE_URL, REDIS_URL)
     with tempfile.TemporaryDirectory(prefix="studio-production-") as tmp:
         work = Path(tmp)
-        s = studio(args, work)
+        runs = {layout: studio(args, work, layout) for layout in args.layouts}
         p = None if args.no_peer else peer(args, work)
+    for layout, s in runs.items():
+        report(args, layout, s)
+    if p is not None:
+        print(
+            f"Channels peer behind the same nginx, one process, {args.rate:g} approvals/s: "
+            f"{harness.summary_ms(p['latencies'])}, CPU {p['cpu'] * 1000:.2f} ms per approval"
+        )
+
+
+def report(args, layout: str, s: dict) -> None:
     load: Load = s["load"]
     total = len(load.latencies)
+    shape = (
+        "2 daphne" if layout == "daphne" else "gunicorn (4 workers) for HTTP + 2 daphne for sockets"
+    )
     print(
-        f"Studio: nginx + 2 daphne + PostgreSQL + Redis; {args.waiting} calls waiting "
+        f"Studio, {shape}, behind nginx, PostgreSQL + Redis; {args.waiting} calls waiting "
         f"(started in {s['park_s']:.0f} s), {args.members} members' sockets, {args.streams} "
         f"chats streaming at {args.stream_pace:g} tok/s each; rolling restart of both "
         f"processes in the middle ({s['restart'] or 0:.1f} s)"
@@ -388,11 +437,6 @@ def main() -> None:
         f"{s['cpu'] / max(1, len(load.decided)) * 1000:.1f} ms; streams delivered "
         f"{load.tokens / max(load.stream_seconds, 1e-9):.0f} tok/s per chat"
     )
-    if p is not None:
-        print(
-            f"Channels peer behind the same nginx, one process, {args.rate:g} approvals/s: "
-            f"{harness.summary_ms(p['latencies'])}, CPU {p['cpu'] * 1000:.2f} ms per approval"
-        )
 
 
 if __name__ == "__main__":

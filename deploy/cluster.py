@@ -59,6 +59,8 @@ class DaphneProcess:
         if self.server == "uvicorn":  # the origin's architecture, for the benchmarks
             argv = ["uvicorn", "--host", "127.0.0.1", "--port", str(self.port)]
             argv += ["--log-level", "warning", self.app]
+        elif self.server == "gunicorn":  # HTTP under WSGI (Channels' second layout)
+            argv = ["gunicorn", "-b", f"127.0.0.1:{self.port}", "--workers", "4", self.app]
         else:
             argv = ["daphne", "-b", "127.0.0.1", "-p", str(self.port), self.app]
         self.proc = subprocess.Popen(

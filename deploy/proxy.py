@@ -35,8 +35,16 @@ def nginx_path() -> str:
 
 class LocalNginx:
     def __init__(
-        self, prefix: Path, upstreams: list[int], static_root: Path, *, tls: bool = True
+        self,
+        prefix: Path,
+        upstreams: list[int],
+        static_root: Path,
+        *,
+        tls: bool = True,
+        http_upstreams: list[int] | None = None,
     ) -> None:
+        """``http_upstreams``: Channels' second layout, HTTP to these (a WSGI
+        server) and only ``/ws/`` to ``upstreams`` (daphne)."""
         self.prefix = prefix
         self.port = free_port()
         scheme = "https" if tls else "http"
@@ -65,6 +73,14 @@ class LocalNginx:
         else:
             site = site.replace("listen 443 ssl;", f"listen 127.0.0.1:{self.port};")
         site = site.replace("/srv/studio/staticfiles/", f"{static_root}/")
+        if http_upstreams:
+            servers = "".join(f"    server 127.0.0.1:{p};\n" for p in http_upstreams)
+            site = f"upstream studio_http {{\n{servers}    keepalive 16;\n}}\n" + site
+            location = site[site.index("    location / {") :]
+            location = location[: location.index("\n    }\n") + 7]
+            sockets = location.replace("location / {", "location /ws/ {")
+            http = location.replace("proxy_pass http://studio;", "proxy_pass http://studio_http;")
+            site = site.replace(location, sockets + "\n" + http)
         assert f"127.0.0.1:{self.port}" in site and f":{upstreams[0]} " in site
         (prefix / "logs").mkdir(exist_ok=True)
         (prefix / "nginx.conf").write_text(
