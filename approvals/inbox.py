@@ -33,9 +33,28 @@ def inbox_queryset(user):
         return ToolApproval.objects.none()
     return (
         _waiting_for(user.pk, reviewer=can_review(user))
-        .select_related("conversation", "requested_by")
+        .select_related("conversation__owner", "requested_by")
         .order_by("-requested_at")
     )
+
+
+def decided_by(user, limit: int = 20):
+    """What ``user`` decided lately, newest first ("Decided by me")."""
+    return (
+        ToolApproval.objects.decided()
+        .filter(decided_by=user)
+        .select_related("conversation")
+        .order_by("-decided_at")[:limit]
+    )
+
+
+def inbox_filters(entries: list[dict]) -> dict:
+    """The choices the inbox's filters offer: the tools and members waiting now."""
+    approvals = [e["approval"] for e in entries]
+    return {
+        "tools": sorted({a.tool_name for a in approvals}),
+        "members": sorted({a.conversation.owner.get_username() for a in approvals}),
+    }
 
 
 def inbox_count(user) -> int:
@@ -78,7 +97,15 @@ def inbox_change(user, *, approval_id: str, pending: bool) -> str:
     """
     html = count_badge(inbox_count(user))
     if not pending:
-        return html + f'<div id="inbox-entry-{approval_id}" hx-swap-oob="delete"></div>'
+        # In its place, for a moment: what became of it (studio.js removes it).
+        approval = (
+            ToolApproval.objects.select_related("decided_by")
+            .filter(approval_id=approval_id)
+            .first()
+        )
+        return html + render_to_string(
+            "approvals/_inbox_decided.html", {"approval": approval, "approval_id": approval_id}
+        )
     approval = inbox_queryset(user).filter(approval_id=approval_id).first()
     if approval is None:
         return html  # decided already, or not this member's to see

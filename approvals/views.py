@@ -7,7 +7,14 @@ from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from approvals.inbox import entry_context, inbox_queryset, notifications_set, wants_notifications
+from approvals.inbox import (
+    decided_by,
+    entry_context,
+    inbox_filters,
+    inbox_queryset,
+    notifications_set,
+    wants_notifications,
+)
 from approvals.models import ToolApproval, can_review
 from approvals.services.decisions import (
     ApprovalNotFound,
@@ -32,7 +39,13 @@ def inbox(request: HtmxHttpRequest) -> HttpResponse:
     return render(
         request,
         "approvals/inbox.html",
-        {"entries": entries, "notify": wants_notifications(user), "reviewer": can_review(user)},
+        {
+            "entries": entries,
+            "notify": wants_notifications(user),
+            "reviewer": can_review(user),
+            "filters": inbox_filters(entries),
+            "decided": decided_by(user),
+        },
     )
 
 

@@ -265,8 +265,11 @@
     document.title = n > 0 ? "(" + n + ") " + base : base;
   }
 
-  // The inbox: one entry per approval (a live add can meet a catch-up), and
-  // a word when nothing waits.
+  // The inbox: one entry per approval (a live add can meet a catch-up), a
+  // decided one says what became of it for a moment, the filters apply to
+  // whatever arrives, one turn's calls can be decided together, and a word
+  // when nothing waits (or nothing matches).
+  var DECIDED_SECONDS = 4;
   function tidyInbox() {
     var list = $("inbox-list");
     if (!list) return;
@@ -274,9 +277,71 @@
     list.querySelectorAll(".inbox-entry[id]").forEach(function (el) {
       if (seen[el.id]) el.remove(); else seen[el.id] = true;
     });
+    list.querySelectorAll(".inbox-decided:not([data-leaving])").forEach(function (el) {
+      el.dataset.leaving = "1";
+      setTimeout(function () { el.remove(); tidyInbox(); }, DECIDED_SECONDS * 1000);
+    });
+    var filters = {};
+    document.querySelectorAll(".inbox-filters [data-filter]").forEach(function (select) {
+      if (select.value) filters[select.dataset.filter] = select.value;
+    });
+    var waiting = list.querySelectorAll(".inbox-entry:not(.inbox-decided)");
+    var shown = 0;
+    waiting.forEach(function (el) {
+      var match = Object.keys(filters).every(function (key) {
+        return el.getAttribute("data-" + key) === filters[key];
+      });
+      el.hidden = !match;
+      if (match) shown++;
+    });
+    turnBatches(list);
     var empty = document.querySelector(".inbox-empty");
-    if (empty) empty.hidden = list.querySelector(".inbox-entry") !== null;
+    if (empty) empty.hidden = waiting.length > 0 || list.querySelector(".inbox-decided") !== null;
+    var filtered = document.querySelector(".inbox-filtered");
+    if (filtered) filtered.hidden = !(waiting.length > 0 && shown === 0);
   }
+  // "Allow all / Deny all" above the shown calls of one turn (one run waits on
+  // one turn at a time), as the chat offers.
+  function turnBatches(list) {
+    var runs = {};
+    list.querySelectorAll(".inbox-entry:not(.inbox-decided):not([hidden])").forEach(function (el) {
+      var run = el.dataset.run;
+      if (run) (runs[run] = runs[run] || []).push(el);
+    });
+    list.querySelectorAll(".inbox-batch").forEach(function (bar) {
+      var entries = runs[bar.dataset.run] || [];
+      var ids = entries.map(function (el) { return el.dataset.inboxEntry; }).join(" ");
+      if (entries.length < 2 || bar.dataset.ids !== ids || bar.nextElementSibling !== entries[0]) bar.remove();
+    });
+    Object.keys(runs).forEach(function (run) {
+      var entries = runs[run];
+      if (entries.length < 2) return;
+      var ids = entries.map(function (el) { return el.dataset.inboxEntry; });
+      var prev = entries[0].previousElementSibling;
+      if (prev && prev.classList.contains("inbox-batch") && prev.dataset.ids === ids.join(" ")) return;
+      var form = document.createElement("form");
+      form.className = "inbox-batch batch";
+      form.method = "post";
+      form.action = list.dataset.batchUrl;
+      form.dataset.run = run;
+      form.dataset.ids = ids.join(" ");
+      form.setAttribute("hx-post", list.dataset.batchUrl);
+      form.setAttribute("hx-swap", "none");
+      form.setAttribute("hx-disabled-elt", "find button");
+      var csrf = (document.cookie.match(/(?:^|; )csrftoken=([^;]+)/) || [])[1] || "";
+      var html = '<input type="hidden" name="csrfmiddlewaretoken" value="' + csrf + '">';
+      ids.forEach(function (id) { html += '<input type="hidden" name="approval_id" value="' + id + '">'; });
+      html += '<span class="muted">' + ids.length + " calls of one turn wait:</span> " +
+        '<button type="submit" name="decision" value="allow" class="primary">Allow all ' + ids.length + "</button> " +
+        '<button type="submit" name="decision" value="deny" class="danger">Deny all ' + ids.length + "</button>";
+      form.innerHTML = html;
+      entries[0].parentNode.insertBefore(form, entries[0]);
+      if (window.htmx) htmx.process(form);
+    });
+  }
+  document.addEventListener("change", function (evt) {
+    if (evt.target.closest && evt.target.closest(".inbox-filters")) tidyInbox();
+  });
 
   // A new card while the page is in the background: a browser notification
   // (the member opted in on the inbox page; the server only sends then).

@@ -152,8 +152,10 @@ async def test_the_inbox_socket_adds_and_removes_cards_live(alice, stop_runtime)
     await sync_to_async(approval_decide)(
         approval_id=approval.approval_id, user=alice, decision="deny"
     )
-    removed = await receive_until(comm, 'hx-swap-oob="delete"')
+    # In its place, for a moment, what became of it (studio.js removes it).
+    removed = await receive_until(comm, "data-decided")
     assert f'id="inbox-entry-{approval.approval_id}"' in removed and count_in(removed) == 0
+    assert 'role="status"' in removed and "Denied by alice" in removed
     await comm.disconnect()
 
 

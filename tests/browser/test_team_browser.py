@@ -105,3 +105,61 @@ def test_the_reviewer_can_read_the_chat_but_not_write(browser, studio_server, me
     run_finished(carol)
     context.close()
     other.close()
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_inbox_filters_batches_confirms_and_remembers(
+    browser, studio_server, member, width, artifacts
+):
+    """Issue 37: filters by tool and member, Allow all for one turn's calls, a decided
+    card leaves with a word, and a "Decided by me" history."""
+    from tests.factories import make_approval, make_conversation
+
+    shell = make_conversation(member, title="Shell work")
+    code = make_conversation(member, title="Some code")
+    for command in ("ls", "pwd"):
+        make_approval(shell, tool_name="terminal", arguments={"command": command},
+                      subject=command, run_id="turn-1")  # fmt: skip
+    make_approval(code, tool_name="python", arguments={"code": "print(1)"},
+                  subject="print(1)", run_id="turn-2")  # fmt: skip
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    context.set_default_timeout(TIMEOUT)
+    page = context.new_page()
+    login(page, studio_server, "carol")
+    page.goto(studio_server.url + "/approvals/")
+    entries = page.locator(".inbox-entry:not([hidden])")
+    page.locator(".inbox-batch").wait_for()
+    assert entries.count() == 3
+    assert page.locator(".inbox-batch").inner_text().count("2") >= 1
+
+    page.select_option("select[data-filter=tool]", "python")
+    page.wait_for_function("document.querySelectorAll('.inbox-entry:not([hidden])').length === 1")
+    assert page.locator(".inbox-batch").count() == 0  # its turn's calls are filtered out
+    page.select_option("select[data-filter=member]", "carol")
+    assert entries.count() == 1
+    page.select_option("select[data-filter=tool]", "")
+    page.locator(".inbox-batch").wait_for()
+    overflow = page.evaluate("document.documentElement.scrollWidth - innerWidth")
+    assert overflow <= 0, f"{overflow}px of sideways scroll at {width}px"
+    page.screenshot(path=str(artifacts / f"42-inbox-{width}.png"), full_page=True)
+
+    page.locator(".inbox-batch button[value=allow]").click()
+    confirmed = page.locator(".inbox-decided[role=status]")
+    confirmed.first.wait_for()
+    assert "Allowed by carol" in confirmed.first.inner_text()
+    page.wait_for_function("document.querySelectorAll('.inbox-decided').length === 0")
+    assert entries.count() == 1
+    entries.first.locator("button[value=deny]").click()
+    page.locator(".inbox-decided", has_text="Denied").wait_for()
+    page.locator(".inbox-empty:not([hidden])").wait_for()
+
+    page.reload()
+    history = page.locator(".decided-list li")
+    assert history.count() == 3
+    assert history.first.locator(".badge").inner_text() == "Denied"
+    assert sorted(ToolApproval.objects.values_list("status", flat=True)) == [
+        "allowed",
+        "allowed",
+        "denied",
+    ]
+    context.close()
