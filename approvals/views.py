@@ -70,7 +70,7 @@ def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
     """
     try:
         _once(request, SINGLE)
-        with log_context(approval_id=approval_id):
+        with log_context(approval_id=approval_id, user_id=request.user.pk):
             result = approval_decide(
                 approval_id=approval_id,
                 user=request.user,

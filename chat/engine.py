@@ -39,6 +39,7 @@ from chat.llm import get_model
 from chat.models import Conversation, Message, Run
 from chat.services import (
     RunBusy,
+    approval_pending,
     conversation_retryable,
     run_claim,
     run_create,
@@ -223,7 +224,10 @@ def _step_until_it_waits(
         if waiting_on is None or not run_release(run_id=run_id, owner=owner, waiting_on=waiting_on):
             return
         # A decision that landed while this step held the run could not claim
-        # it: look once more, now that the run is free.
+        # it: look once more, now that the run is free (most often the call
+        # still waits: one small read).
+        if approval_pending(waiting_on):
+            return
         claim = run_claim(run_id=run_id, owner=owner)
         if claim is None:
             return

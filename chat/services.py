@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -180,6 +181,10 @@ def run_claim(*, run_id: str, owner: str) -> Claim | None:
     heartbeat is older than STUDIO_RUN_STALE_SECONDS (that process died).
     One conditional update on the row as read decides between claimants.
     """
+    try:
+        uuid.UUID(str(run_id))
+    except ValueError:
+        return None  # an approval of no run of ours (written by hand, imported)
     run = (
         Run.objects.running().select_related("conversation", "started_by").filter(pk=run_id).first()
     )
@@ -189,19 +194,28 @@ def run_claim(*, run_id: str, owner: str) -> Claim | None:
     stale = run.heartbeat_at < now - timedelta(seconds=settings.STUDIO_RUN_STALE_SECONDS)
     if run.owner and not stale:
         return None  # being stepped
-    if not run.owner and run.waiting_on and not run.stop_requested:
-        if ToolApproval.objects.pending().filter(approval_id=run.waiting_on).exists():
-            return None  # still waiting: nothing to do yet
     resumed = bool(run.owner) or not run.waiting_on
-    won = Run.objects.filter(
+    claimable = Run.objects.filter(
         pk=run.pk, status=Run.Status.RUNNING, owner=run.owner, heartbeat_at=run.heartbeat_at
-    ).update(owner=owner, waiting_on="", heartbeat_at=now, resumes=F("resumes") + int(resumed))
+    )
+    if not run.owner and run.waiting_on and not run.stop_requested:
+        # Nothing to do while the call it waits on still waits.
+        claimable = claimable.exclude(
+            Exists(ToolApproval.objects.pending().filter(approval_id=OuterRef("waiting_on")))
+        )
+    won = claimable.update(
+        owner=owner, waiting_on="", heartbeat_at=now, resumes=F("resumes") + int(resumed)
+    )
     if not won:
         return None
     if resumed:
         logger.info("run %s resumed here (it was %s)", run.pk, run.owner or "left by its process")
     run.owner, run.waiting_on, run.heartbeat_at = owner, "", now
     return Claim(run=run, resumed=resumed)
+
+
+def approval_pending(approval_id: str) -> bool:
+    return ToolApproval.objects.pending().filter(approval_id=approval_id).exists()
 
 
 def run_release(*, run_id: str, owner: str, waiting_on: str) -> bool:

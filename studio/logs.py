@@ -67,11 +67,9 @@ class TextFormatter(logging.Formatter):
 
 class RequestIdMiddleware:
     """Gives each request an id (a trusted proxy's X-Request-ID, or a new one),
-    logs under it and its member, and answers with it.
-
-    After AuthenticationMiddleware: the member is the one it found (read once
-    per request by LoginRequiredMiddleware anyway).
-    """
+    logs under it, and answers with it. (The member is named where a view
+    knows it: resolving it here would cost every request a hop to Django's
+    sync thread.)"""
 
     sync_capable = True
     async_capable = True
@@ -85,15 +83,14 @@ class RequestIdMiddleware:
         if iscoroutinefunction(self):
             return self._acall(request)
         request_id = _request_id(request)
-        with log_context(request_id=request_id, user_id=request.user.pk):
+        with log_context(request_id=request_id):
             response = self.get_response(request)
         response["X-Request-ID"] = request_id
         return response
 
     async def _acall(self, request):
         request_id = _request_id(request)
-        user = await request.auser()
-        with log_context(request_id=request_id, user_id=user.pk):
+        with log_context(request_id=request_id):
             response = await self.get_response(request)
         response["X-Request-ID"] = request_id
         return response

@@ -68,3 +68,8 @@ def test_a_release_by_a_process_that_lost_the_run_changes_nothing(conversation, 
     run = new_run(conversation, alice, 1, owner="process-b")
     assert not run_release(run_id=str(run.pk), owner="process-a", waiting_on="x")
     assert Run.objects.get(pk=run.pk).owner == "process-b"
+
+
+def test_a_run_id_that_is_no_run_of_ours_claims_nothing():
+    assert run_claim(run_id="not-a-uuid", owner="process-a") is None
+    assert run_claim(run_id="", owner="process-a") is None
