@@ -45,6 +45,7 @@ class Fleet:
         self.env, self.logs = env, logs
         self.servers = [self._start(port, n) for n, port in enumerate(ports)]
         self.cpu_spent = 0.0  # by the processes stopped so far
+        self.restart_started, self.restart_ended = float("inf"), float("-inf")
         self.marks = {s.pid: harness.cpu_seconds(s.pid) for s in self.servers}
 
     def _start(self, port: int, n: int) -> DaphneProcess:
@@ -63,13 +64,14 @@ class Fleet:
         )
 
     def rolling_restart(self) -> float:
-        started = time.monotonic()
+        started = self.restart_started = time.monotonic()
         for n, server in enumerate(list(self.servers)):
             self.cpu_spent += harness.cpu_seconds(server.pid) - self.marks.get(server.pid, 0.0)
             server.stop()
             successor = self._start(server.port, n)
             self.marks[successor.pid] = harness.cpu_seconds(successor.pid)
             self.servers[n] = successor
+        self.restart_ended = time.monotonic()
         return time.monotonic() - started
 
     def stop(self) -> None:
@@ -109,6 +111,7 @@ async def until(ws, needle: str, timeout: float) -> str:
 class Load:
     def __init__(self) -> None:
         self.latencies: list[float] = []
+        self.sent: list[float] = []  # when each timed decision was sent (monotonic)
         self.caught_up = 0  # results seen only in a reconnected socket's catch-up
         self.errors: list[str] = []
         self.decided: list[int] = []  # conversation ids whose decision got a 200
@@ -156,6 +159,7 @@ async def decisions(proxy, members, approvals, args, load: Load, stop_at: float)
                     try:
                         await until(ws, RESULT, 20)
                         load.latencies.append(time.perf_counter() - t0)
+                        load.sent.append(time.monotonic())
                     except Exception:
                         # The socket's process restarted: a new socket's
                         # catch-up shows the result once the run has it.
@@ -329,7 +333,15 @@ def studio(args, work: Path, layout: str) -> dict:
         twice = Message.objects.filter(role="tool", conversation_id__in=load.decided).count() - len(
             outputs
         )
+        # The steady part: decisions sent before the restart began, or once it
+        # had ended and the sockets had come back (5 s).
+        quiet = [
+            latency
+            for latency, sent in zip(load.latencies, load.sent, strict=True)
+            if sent - latency < fleet.restart_started or sent - latency > fleet.restart_ended + 5
+        ]
         return {
+            "quiet": quiet,
             "park_s": park_s,
             "load": load,
             "cpu": cpu,
@@ -432,6 +444,7 @@ def report(args, layout: str, s: dict) -> None:
         f"reconnect); errors {len(load.errors)} {sorted(set(load.errors))}; lost {s['lost']}; "
         f"run twice {s['twice']}"
     )
+    print(f"  outside the restart (and 5 s after it): {harness.summary_ms(s['quiet'])}")
     print(
         f"  server CPU per decision (both processes, streams included): "
         f"{s['cpu'] / max(1, len(load.decided)) * 1000:.1f} ms; streams delivered "

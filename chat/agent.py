@@ -157,7 +157,7 @@ class Agent:
         # Read from the run's rows when a step starts (``_load``):
         # (tool, argument hash) of calls that ran without error in this run,
         self.succeeded: set[tuple[str, str]] = set()
-        # the call ids used in it, the rounds of tool calls made so far,
+        # the call ids used in it, its model turns that asked for tools,
         self.call_ids: set[str] = set()
         self.rounds = 0
         # its last model turn, and the ids of that turn's calls with a result.
@@ -214,16 +214,15 @@ class Agent:
         self.finished = last_role == Message.Role.ERROR or (
             last_role == Message.Role.ASSISTANT and not last_turn.tool_calls
         )
-        if last_turn is not None and last_turn.tool_calls:
-            self.rounds -= 1  # the turn in hand is not done yet: it counts once done
-            if any(c["id"] not in self.answered for c in last_turn.tool_calls):
-                self.turn = last_turn
+        if last_turn is not None and any(
+            c["id"] not in self.answered for c in last_turn.tool_calls
+        ):
+            self.turn = last_turn
 
     def _open_calls(self) -> list[ToolCall]:
         """The calls of the turn in hand still without a result, in the model's order."""
         if self.turn is None:
             return []
-        self.rounds += 1
         return [
             ToolCall(
                 c["id"],

@@ -226,8 +226,8 @@ def _step_until_it_waits(
         # A decision that landed while this step held the run could not claim
         # it: look once more, now that the run is free (most often the call
         # still waits: one small read).
-        if approval_pending(waiting_on):
-            return
+        if rt.stopping or approval_pending(waiting_on):
+            return  # (an exiting process leaves it to the others' sweeps)
         claim = run_claim(run_id=run_id, owner=owner)
         if claim is None:
             return

@@ -75,7 +75,7 @@ class LocalNginx:
         site = site.replace("/srv/studio/staticfiles/", f"{static_root}/")
         if http_upstreams:
             servers = "".join(f"    server 127.0.0.1:{p};\n" for p in http_upstreams)
-            site = f"upstream studio_http {{\n{servers}    keepalive 16;\n}}\n" + site
+            site = f"upstream studio_http {{\n{servers}}}\n" + site
             location = site[site.index("    location / {") :]
             location = location[: location.index("\n    }\n") + 7]
             sockets = location.replace("location / {", "location /ws/ {")

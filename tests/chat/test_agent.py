@@ -391,3 +391,32 @@ def test_transcript_is_rebuilt_from_rows(conversation, alice):
     roles = [m["role"] for m in second.seen[0]]
     assert roles == ["system", "user", "assistant", "tool", "assistant", "user"]
     assert second.seen[0][3]["content"].strip() == "7"
+
+
+def test_a_resumed_run_counts_the_rounds_it_made_before(conversation):
+    """The tool-call limit holds across a restart: rounds are read from the rows."""
+    from chat.agent import Agent, AgentSettings
+    from studio.cancel import CancelToken
+
+    run = make_run(conversation)
+    Message.objects.create(conversation=conversation, run=run, role="user", content="go")
+    Message.objects.create(
+        conversation=conversation,
+        run=run,
+        role="assistant",
+        tool_calls=[{"id": "c1", "name": "python", "arguments": {"code": "print(1)"}}],
+    )
+    Message.objects.create(
+        conversation=conversation, run=run, role="tool", tool_call_id="c1",
+        tool_name="python", tool_arguments={"code": "print(1)"}, content="1",
+    )  # fmt: skip
+    agent = Agent(
+        conversation=conversation,
+        model=ScriptedModel([("", [call("python", {"code": "print(2)"})])]),
+        cancel=CancelToken(),
+        run=run,
+        user=conversation.owner,
+        knobs=AgentSettings.from_django(max_iterations=1),
+    )
+    seen = list(agent.events())
+    assert any(isinstance(e, Failed) and "limit of 1 rounds" in e.text for e in seen)

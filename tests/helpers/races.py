@@ -17,27 +17,16 @@ def decide_at_once(approval_id: str, user, decisions: dict[str, object]) -> dict
     Returns what each got: its ``DecideResult``, or the exception it raised.
     Every thread has ended when this returns (each wait is bounded).
     """
-    barrier = threading.Barrier(len(decisions), timeout=BOUND)
-    results: dict[str, object] = {}
-
-    def decide(kind: str, arguments: object) -> None:
-        barrier.wait()
-        try:
-            results[kind] = approval_decide(
-                approval_id=approval_id, user=user, decision=kind, arguments=arguments
+    kinds = list(decisions)
+    results = run_together(
+        [
+            lambda kind=kind: approval_decide(
+                approval_id=approval_id, user=user, decision=kind, arguments=decisions[kind]
             )
-        except Exception as exc:
-            results[kind] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=decide, args=item) for item in decisions.items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(BOUND)
-    assert not any(thread.is_alive() for thread in threads), "a decision never returned"
-    return results
+            for kind in kinds
+        ]
+    )
+    return dict(zip(kinds, results, strict=True))
 
 
 def run_together(fns: list) -> list:
