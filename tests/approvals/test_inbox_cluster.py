@@ -64,11 +64,13 @@ def test_review_calls_come_and_go_live_in_inboxes_of_another_process(cluster, al
     (post,) = hook.wait_for(1, timeout=BOUND)
     assert post["approval_id"] == approval_id and post["needs_review"] is True
 
-    # Rita decides through process a; her inbox on b drops the card.
+    # Rita decides through process a; her inbox on b turns the card into
+    # what became of it (the page then lets it go).
     rita = Browserish(a.url, rita_session)
     assert rita.decide(approval_id, "allow").status_code == 200
-    removed = inbox.until('hx-swap-oob="delete"')
+    removed = inbox.until("data-decided")
     assert f'id="inbox-entry-{approval_id}"' in removed and COUNT.findall(removed)[-1] == "0"
+    assert "Allowed by rita" in removed
     alice_page.until('data-pending-count="0"')
     chat.until('class="output">reviewed')
     row = ToolApproval.objects.get(approval_id=approval_id)
