@@ -32,6 +32,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
+from approvals.services.waiting import approval_cancel_run
 from chat import events, render
 from chat.agent import Agent
 from chat.display import MessageView
@@ -304,8 +305,6 @@ class Stepper:
                 self.status = Run.Status.CANCELLED
 
     def _report_crash(self) -> None:
-        from approvals.services.waiting import approval_cancel_run
-
         try:
             message = Message.objects.create(
                 conversation_id=self.local.conversation_id,
