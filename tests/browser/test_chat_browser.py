@@ -167,9 +167,19 @@ def test_a_message_over_the_limit_is_refused_with_the_limit_named_never_cut(
     page.locator("#transcript .msg-user").first.wait_for(timeout=TIMEOUT)
 
 
-def test_a_card_by_keyboard_and_for_a_screen_reader(page, studio_server, member):
+@pytest.mark.parametrize("width", [390, 1024, 1280])
+def test_a_card_by_keyboard_and_for_a_screen_reader(browser, studio_server, member, width):
     """Issue 37: a new card takes focus, a/d/e decide it, focus never falls to <body>,
     the card is a named region whose buttons name their call, and a live region speaks."""
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    context.set_default_timeout(TIMEOUT)
+    try:
+        _keyboard_and_screen_reader(context.new_page(), studio_server)
+    finally:
+        context.close()
+
+
+def _keyboard_and_screen_reader(page, studio_server):
     start_chat(page, studio_server)
     focused_card = "document.activeElement && document.activeElement.dataset.status === 'pending'"
     ask(page, "run python: print(2 + 2)")
@@ -271,3 +281,56 @@ def test_a_card_stays_live_across_a_server_restart(browser, member, workspace_ro
         server.stop()
         if successor is not None:
             successor.stop()
+
+
+@pytest.mark.parametrize("width", [390, 1024, 1280])
+def test_retry_after_a_model_error_and_a_long_message_folds(
+    browser, member, workspace_root, artifacts, width
+):
+    """Issue 37: the model down leaves a Retry (never its URL); a long message folds;
+    both fit the screen."""
+    from tests.helpers.fake_openai import FakeOpenAI, Reply, content_chunks
+
+    with FakeOpenAI() as fake:
+        fake.replies += [
+            Reply(status=503),
+            Reply(chunks=content_chunks("Back ", "again.")),
+            Reply(chunks=content_chunks("Read it all.")),
+        ]
+        server = LiveServer(
+            log_path=artifacts / f"daphne-retry-{width}.log",
+            STUDIO_WORKSPACE_ROOT=str(workspace_root),
+            LLM_BASE_URL=fake.base_url,
+        ).start()
+        context = browser.new_context(viewport={"width": width, "height": 800})
+        context.set_default_timeout(TIMEOUT)
+        try:
+            page = context.new_page()
+            start_chat(page, server)
+            ask(page, "hello")
+            retry = page.locator("#retry-button")
+            retry.wait_for()
+            assert fake.base_url not in page.content() and "127.0.0.1" not in page.inner_text(
+                "body"
+            )
+            retry.click()
+            page.locator(".msg-assistant", has_text="Back again.").wait_for()
+            run_finished(page)
+            assert retry.count() == 0
+
+            long = "\n".join(f"line {n}: " + "words " * 12 for n in range(60))
+            page.fill("#message-input", long)
+            page.press("#message-input", "Enter")
+            fold = page.locator(".msg-user details.fold").last
+            fold.wait_for()
+            assert "Show all of it (60 lines" in fold.locator("summary").inner_text()
+            assert not fold.locator(".user-text").is_visible()
+            fold.locator("summary").click()
+            assert fold.locator(".user-text").is_visible()
+            run_finished(page)
+            overflow = page.evaluate("document.documentElement.scrollWidth - innerWidth")
+            assert overflow <= 0, f"{overflow}px of sideways scroll at {width}px"
+            page.screenshot(path=str(artifacts / f"13-retry-and-fold-{width}.png"), full_page=True)
+        finally:
+            context.close()
+            server.stop()
