@@ -27,7 +27,7 @@ def serious_violations(page) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("width", [390, 1280])
+@pytest.mark.parametrize("width", [390, 1024, 1280])
 def test_the_chat_with_a_waiting_card(browser, studio_server, member, width):
     context = browser.new_context(viewport={"width": width, "height": 900})
     page = context.new_page()
@@ -39,7 +39,7 @@ def test_the_chat_with_a_waiting_card(browser, studio_server, member, width):
         context.close()
 
 
-@pytest.mark.parametrize("width", [390, 1280])
+@pytest.mark.parametrize("width", [390, 1024, 1280])
 def test_the_inbox(browser, studio_server, member, width):
     make_approval(make_conversation(member, title="Budget"), tool_name="terminal",
                   arguments={"command": "ls -la"}, subject="ls -la")  # fmt: skip

@@ -107,7 +107,7 @@ def test_the_reviewer_can_read_the_chat_but_not_write(browser, studio_server, me
     other.close()
 
 
-@pytest.mark.parametrize("width", [390, 1280])
+@pytest.mark.parametrize("width", [390, 1024, 1280])
 def test_the_inbox_filters_batches_confirms_and_remembers(
     browser, studio_server, member, width, artifacts
 ):
