@@ -459,14 +459,6 @@ class Runtime:
         loop = self.loop
         return not self.stopping and loop is not None and loop.is_running()
 
-    def call_soon(self, callback: Callable, *args) -> bool:
-        """Run ``callback`` on the server loop from any thread; False if none runs."""
-        loop = self.loop
-        if loop is None or loop.is_closed() or not loop.is_running():
-            return False
-        loop.call_soon_threadsafe(callback, *args)
-        return True
-
     async def off_loop(self, fn: Callable, *args, pool: Executor | None = None, **kwargs):
         """Run blocking ``fn`` on one of our pools (never the shared sync thread)."""
 
