@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import uuid
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -16,15 +17,22 @@ from approvals.models import ToolApproval
 FIELDS = ToolApproval._meta.concrete_fields
 
 
-def approval_record(approval: ToolApproval) -> dict:
-    """Every stored field by its column name (foreign keys as ids, times as ISO 8601)."""
+def row_record(row: models.Model) -> dict:
+    """Every stored field of a row by its column name (foreign keys as ids,
+    times as ISO 8601, UUIDs as text): what JSON can hold of it."""
     record = {}
-    for field in FIELDS:
-        value = field.value_from_object(approval)
+    for field in row._meta.concrete_fields:
+        value = field.value_from_object(row)
         if isinstance(value, datetime):
             value = value.isoformat()
+        elif isinstance(value, uuid.UUID):
+            value = str(value)
         record[field.attname] = value
     return record
+
+
+def approval_record(approval: ToolApproval) -> dict:
+    return row_record(approval)
 
 
 def approval_from_record(record: dict) -> ToolApproval:

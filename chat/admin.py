@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 
+from chat.export import conversation_json_text
 from chat.models import Conversation, McpServer, Message, Run, parse_pairs
 
 
@@ -16,8 +17,19 @@ class MessageInline(admin.TabularInline):
     show_change_link = False
 
 
+@admin.action(description="Export as JSON (messages, tool calls and their approval rows)")
+def export_json(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
+    response = HttpResponse(
+        conversation_json_text(queryset.select_related("owner").order_by("pk")),
+        content_type="application/json",
+    )
+    response["Content-Disposition"] = 'attachment; filename="conversations.json"'
+    return response
+
+
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
+    actions = [export_json]
     list_display = ["title", "owner", "confirm_tool_calls", "created_at", "updated_at"]
     list_filter = ["confirm_tool_calls", "created_at"]
     search_fields = ["title", "owner__username"]

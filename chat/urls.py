@@ -13,6 +13,7 @@ urlpatterns = [
     path("c/<int:conversation_id>/stop/", views.conversation_stop, name="stop"),
     path("c/<int:conversation_id>/retry/", views.conversation_retry, name="retry"),
     path("c/<int:conversation_id>/settings/", views.conversation_settings, name="settings"),
+    path("c/<int:conversation_id>/export.<str:kind>", views.conversation_export, name="export"),
     path("c/<int:conversation_id>/files/<path:key>", views.conversation_file, name="file"),
     path(
         "c/<int:conversation_id>/rules/<int:rule_id>/revoke/",

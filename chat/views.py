@@ -8,6 +8,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from chat import render as fragments
 from chat.engine import run_launch, run_retry, run_stop
+from chat.export import conversation_json_text, conversation_markdown
 from chat.limits import MAX_MESSAGE
 from chat.models import Conversation
 from chat.services import (
@@ -82,6 +83,24 @@ def conversation_stop(request: HtmxHttpRequest, conversation_id: int) -> HttpRes
     if not run_stop(conversation_id=conversation.pk, user=request.user):
         messages.info(request, "Nothing is running.")
     return redirect(conversation)
+
+
+@require_GET
+@login_required
+def conversation_export(request: HtmxHttpRequest, conversation_id: int, kind: str) -> HttpResponse:
+    """The conversation as a file, for its owner: Markdown (``md``) or JSON (``json``)."""
+    conversation = _owned(request, conversation_id)
+    if kind not in ("md", "json"):
+        raise Http404("Export as md or json.")
+    if kind == "md":
+        body, content_type = conversation_markdown(conversation), "text/markdown; charset=utf-8"
+    else:
+        body, content_type = conversation_json_text([conversation]), "application/json"
+    response = HttpResponse(body, content_type=content_type)
+    response["Content-Disposition"] = (
+        f'attachment; filename="conversation-{conversation.pk}.{kind}"'
+    )
+    return response
 
 
 @require_POST
