@@ -396,8 +396,10 @@ class Agent:
         else:
             return approval
         self._guard()
-        approvals_end(pending=ToolApproval.objects.filter(pk=approval.pk), reason=reason)
-        # Ours, or the decision that won the race against it.
+        ended = approvals_end(pending=ToolApproval.objects.filter(pk=approval.pk), reason=reason)
+        if ended:
+            return ended[0]
+        # A decision won the race against it.
         return ToolApproval.objects.select_related("conversation").get(pk=approval.pk)
 
     def _refusal(self, call: ToolCall) -> ToolResult | None:

@@ -196,7 +196,7 @@ def _drive(rt: Runtime, run_id: str, *, launched: tuple | None = None) -> None:
             if claim is None:
                 return  # someone else steps it, it ended, or it cannot go on yet
             run, first, resumed = claim.run, None, claim.resumed
-            announce = resumed
+            announce = False
         ids = {"run_id": run_id, "conversation_id": run.conversation_id}
         with log_context(**ids, user_id=run.started_by_id):
             _step_until_it_waits(rt, run, first, resumed, announce)
@@ -252,7 +252,7 @@ class Stepper:
         self.first = first
         self.resumed = resumed
         # Tell the tabs the run goes (a new run, or one taken over).
-        self.announce = announce or first is not None or resumed
+        self.announce = announce or resumed
         self.agent: Agent | None = None
         self.publisher: Publisher | None = None
         self.status, self.error = Run.Status.DONE, ""
