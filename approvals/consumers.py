@@ -59,6 +59,7 @@ class MemberSocket(AsyncWebsocketConsumer):
     with_cards = False  # the inbox page: its entries are live too
     refresh: asyncio.Task | None = None
     came: list[str] = []  # approvals that came since the last refresh (notifications)
+    touched: list[str] = []  # approvals that came or went since the last refresh
     dirty = False  # a change since the last refresh began
 
     async def connect(self) -> None:
@@ -144,6 +145,7 @@ class MemberSocket(AsyncWebsocketConsumer):
             return
         if pending:
             self.came = [*self.came, approval_id]
+        self.touched = [*self.touched, approval_id]
         self.dirty = True
         if self.refresh is None:
             self.refresh = asyncio.get_running_loop().create_task(self._refresh())
@@ -153,14 +155,19 @@ class MemberSocket(AsyncWebsocketConsumer):
         try:
             while self.dirty:
                 await self.settle()
-                came, self.came, self.dirty = self.came, [], False
-                await self.send(text_data=await off_loop(inbox_refresh, self.user, came=came))
+                came, touched = self.came, self.touched
+                self.came, self.touched, self.dirty = [], [], False
+                await self.send(text_data=await off_loop(self.refreshed, came, touched))
         except Exception:
             # A closed socket or an unreachable database: the next change or
             # the next connect sends the count again.
             logger.warning("inbox count refresh failed", exc_info=True)
         finally:
             self.refresh = None
+
+    def refreshed(self, came: list[str], touched: list[str]) -> str:
+        """What the tab shows after a burst of changes (runs off the loop)."""
+        return inbox_refresh(self.user, came=came)
 
     async def settle(self) -> None:
         """Let a burst of changes gather."""

@@ -30,13 +30,31 @@ def export_json(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
     actions = [export_json]
-    list_display = ["title", "owner", "confirm_tool_calls", "created_at", "updated_at"]
-    list_filter = ["confirm_tool_calls", "created_at"]
+    list_display = ["title", "owner", "confirm_tool_calls", "created_at", "updated_at", "gone"]
+    list_filter = [
+        "confirm_tool_calls",
+        ("archived_at", admin.EmptyFieldListFilter),
+        ("deleted_at", admin.EmptyFieldListFilter),
+        "created_at",
+    ]
     search_fields = ["title", "owner__username"]
     list_select_related = ["owner"]
     date_hierarchy = "created_at"
-    readonly_fields = ["created_at", "updated_at"]
+    readonly_fields = ["created_at", "updated_at", "archived_at", "deleted_at"]
     inlines = [MessageInline]
+
+    @admin.display(description="Deleted or archived")
+    def gone(self, conversation: Conversation) -> str:
+        if conversation.deleted_at:
+            return f"deleted {conversation.deleted_at:%Y-%m-%d %H:%M}"
+        if conversation.archived_at:
+            return f"archived {conversation.archived_at:%Y-%m-%d %H:%M}"
+        return ""
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # Deleting here would take its approval rows with it; members delete
+        # their chats (which keeps the audit) and purge_approvals does the rest.
+        return False
 
 
 @admin.register(Run)

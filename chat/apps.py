@@ -13,7 +13,7 @@ class ChatConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        import chat.signals  # noqa: F401 - sockets re-check sessions on logout
+        import chat.signals  # noqa: F401 - session re-checks; purge removes deleted chats
         import studio.signals  # noqa: F401 - connects the SQLite permission guard
         from approvals.services.rules import call_reader_install, tool_names_install
         from approvals.signals import calls_settled

@@ -6,7 +6,7 @@ from approvals.consumers import MemberSocket, off_loop
 from approvals.inbox import count_badge, inbox_count
 from approvals.models import ToolApproval
 from chat import render
-from chat.engine import run_launch, run_retry, run_stop
+from chat.engine import run_edit, run_launch, run_regenerate, run_retry, run_stop
 from chat.limits import MAX_FRAME, MAX_MESSAGE
 from chat.models import Conversation
 from studio.logs import log_context_keep
@@ -51,7 +51,16 @@ class ChatConsumer(MemberSocket):
         conversation = _conversation_for(self.conversation_id, self.user)
         if conversation is None:
             return ""
-        return render.catch_up(conversation) + count_badge(inbox_count(self.user))
+        return (
+            render.catch_up(conversation)
+            + count_badge(inbox_count(self.user))
+            + render.waiting_markers(self.user)
+        )
+
+    def refreshed(self, came: list[str], touched: list[str]) -> str:
+        return super().refreshed(came, touched) + render.waiting_markers(
+            self.user, approval_ids=touched
+        )
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if await self._session_ended():
@@ -76,12 +85,13 @@ class ChatConsumer(MemberSocket):
             if not await off_loop(run_stop, conversation_id=self.conversation_id, user=self.user):
                 await self.notice("Nothing is running.", level="info")
             return
-        if action == "retry":
-            launch = await off_loop(run_retry, conversation_id=self.conversation_id, user=self.user)
+        if action in ("retry", "regenerate"):
+            again = run_retry if action == "retry" else run_regenerate
+            launch = await off_loop(again, conversation_id=self.conversation_id, user=self.user)
             if not launch.ok:
                 await self.notice(launch.refusal)
             return
-        if action != "send":
+        if action not in ("send", "edit"):
             await self.notice("Unknown action.")
             return
         text = data.get("message")
@@ -91,6 +101,9 @@ class ChatConsumer(MemberSocket):
         text = strip_nul(text)
         if len(text) > MAX_MESSAGE:
             await self.notice(f"Messages are limited to {MAX_MESSAGE:,} characters.")
+            return
+        if action == "edit":
+            await self.edit(data, text)
             return
         launch = await off_loop(
             run_launch, conversation_id=self.conversation_id, user=self.user, text=text
@@ -105,6 +118,20 @@ class ChatConsumer(MemberSocket):
             await self.send(
                 text_data=render.notice(launch.refusal) + render.composer_state("refused", self.seq)
             )
+
+    async def edit(self, data: dict, text: str) -> None:
+        message_id = data.get("message_id")
+        if not (isinstance(message_id, str) and message_id.isdigit()):
+            await self.notice("Studio could not read that message.")
+            return
+        launch = await off_loop(
+            run_edit,
+            conversation_id=self.conversation_id,
+            user=self.user,
+            message_id=int(message_id),
+            text=text,
+        )
+        await self.notice(launch.refusal, level="error" if launch.refusal else "none")
 
     async def notice(self, text: str, *, level: str = "error") -> None:
         await self.send(text_data=render.notice(text, level=level))

@@ -25,6 +25,8 @@ class MessageView:
     # Tool results: the images the call made, and where they live.
     attachments: list[dict] = field(default_factory=list)
     conversation_id: int = 0
+    # Replaced by an edit or a regenerate: shown in an earlier version's fold.
+    superseded: bool = False
 
     @classmethod
     def of(cls, message: Message) -> MessageView:
@@ -36,6 +38,7 @@ class MessageView:
             is_error=message.is_error,
             attachments=message.attachments,
             conversation_id=message.conversation_id,
+            superseded=message.superseded_at is not None,
         )
 
 
@@ -57,6 +60,19 @@ class ToolBlock:
 class Item:
     message: MessageView
     tools: list[ToolBlock] = field(default_factory=list)
+    folded: tuple = ()
+
+
+@dataclass
+class Fold:
+    """An earlier version: what one edit or regenerate replaced, readable, folded."""
+
+    folded: list[Item | Fold]  # an earlier fork's fold may sit inside a later one's
+    message: None = None
+
+    @property
+    def count(self) -> int:
+        return sum(entry.count if isinstance(entry, Fold) else 1 for entry in self.folded)
 
 
 def tool_dom_id(message_id: int, call_id: str) -> str:
@@ -76,8 +92,9 @@ def blocks_for(message_id: int, tool_calls: list[dict]) -> list[ToolBlock]:
     ]
 
 
-def transcript_items(conversation: Conversation, *, limit: int = 500) -> list[Item]:
-    """Messages in order, each assistant turn with its tool calls, approvals and results."""
+def transcript_items(conversation: Conversation, *, limit: int = 500) -> list[Item | Fold]:
+    """Messages in order, each assistant turn with its tool calls, approvals and results;
+    what an edit or a regenerate replaced, folded where it was."""
     messages = list(conversation.messages.order_by("-created_at", "-id")[:limit])
     messages.reverse()
     approvals = {}
@@ -101,5 +118,39 @@ def transcript_items(conversation: Conversation, *, limit: int = 500) -> list[It
                 block.approval = approvals.get((str(m.run_id or ""), block.call_id))
                 blocks[block.call_id] = block
                 item.tools.append(block)
-        items.append(item)
-    return items
+        items.append((m.superseded_at, item))
+    return _folded(items)
+
+
+def _folded(items: list[tuple[datetime | None, Item]]) -> list[Item | Fold]:
+    """The branch as it is, with each replaced stretch folded where it was."""
+    shown: list[Item | Fold] = []
+    stretch: list[tuple[datetime, Item]] = []
+    for superseded_at, item in items:
+        if superseded_at is None:
+            shown.extend(_fold(stretch))
+            shown.append(item)
+            stretch = []
+        else:
+            stretch.append((superseded_at, item))
+    return shown + _fold(stretch)
+
+
+def _fold(stretch: list[tuple[datetime, Item]]) -> list[Fold]:
+    """Replaced messages in a row: the latest fork's fold spans from the first to
+    the last message it replaced, and holds the folds of earlier forks inside it."""
+    if not stretch:
+        return []
+    latest = max(at for at, _ in stretch)
+    mine = [n for n, (at, _) in enumerate(stretch) if at == latest]
+    first, last = mine[0], mine[-1]
+    inside: list[Item | Fold] = []
+    earlier: list[tuple[datetime, Item]] = []
+    for at, item in stretch[first : last + 1]:
+        if at == latest:
+            inside.extend(_fold(earlier))
+            inside.append(item)
+            earlier = []
+        else:
+            earlier.append((at, item))
+    return _fold(stretch[:first]) + [Fold(folded=inside)] + _fold(stretch[last + 1 :])

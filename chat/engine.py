@@ -39,9 +39,12 @@ from chat.display import MessageView
 from chat.llm import get_model
 from chat.models import Conversation, Message, Run
 from chat.services import (
+    ForkRefused,
     RunBusy,
     approval_pending,
     conversation_retryable,
+    editable_message,
+    regenerate_point,
     run_claim,
     run_create,
     run_finish,
@@ -70,6 +73,8 @@ REFUSALS = {
     "gone": "This conversation no longer exists.",
     "down": "The server is shutting down; your message was not sent. Try again in a moment.",
     "nothing": "There is nothing to retry.",
+    "unasked": "There is no reply to regenerate yet.",
+    "moved": "That message was replaced meanwhile; edit the one shown now.",
 }
 
 
@@ -101,22 +106,57 @@ def run_retry(*, conversation_id: int, user) -> Launch:
     return _launch(conversation_id, user, None)
 
 
-def _launch(conversation_id: int, user, text: str | None) -> Launch:
+def run_regenerate(*, conversation_id: int, user) -> Launch:
+    """Run the last turn again: what answered the member's last message is folded
+    away as an earlier version (blocking: call off the loop)."""
+    asked, fork_from = regenerate_point(conversation_id)
+    if not asked:
+        return Launch(ok=False, reason="unasked")
+    return _launch(conversation_id, user, None, fork_from=fork_from)
+
+
+def run_edit(*, conversation_id: int, user, message_id: int, text: str) -> Launch:
+    """Send an edited version of one of the member's messages: the chat forks there,
+    and the old branch stays readable, folded (blocking: call off the loop)."""
+    if not text.strip():
+        return Launch(ok=False, reason="empty")
+    if not editable_message(conversation_id=conversation_id, message_id=message_id):
+        return Launch(ok=False, reason="moved")
+    return _launch(conversation_id, user, text, fork_from=message_id)
+
+
+def _launch(
+    conversation_id: int, user, text: str | None, *, fork_from: int | None = None
+) -> Launch:
     rt = runtime()
     if not rt.serving:
         return Launch(ok=False, reason="down")
     run_id = str(uuid.uuid4())
     try:
-        launched = run_create(
+        run, first = run_create(
             run_id=run_id,
             conversation_id=conversation_id,
             user=user,
             text=text,
             owner=rt.inbox.name,
+            fork_from=fork_from,
         )
-    except (RunBusy, Conversation.DoesNotExist) as exc:
-        return Launch(ok=False, reason="running" if isinstance(exc, RunBusy) else "gone")
-    rt.agent_pool.submit(_drive, rt, run_id, launched=launched)
+    except RunBusy:
+        return Launch(ok=False, reason="running")
+    except Conversation.DoesNotExist:
+        return Launch(ok=False, reason="gone")
+    except ForkRefused:
+        return Launch(ok=False, reason="moved")
+    if fork_from is not None:
+        # Every tab redraws the chat with the old branch folded (and the edited
+        # message) before the run's first fragment, which goes the same way.
+        conversation = run.conversation
+        rt.outbox.group(
+            conversation.group_name,
+            {"type": "chat.fragment", "html": render.transcript(conversation)},
+        )
+        first = None
+    rt.agent_pool.submit(_drive, rt, run_id, launched=(run, first))
     return Launch(ok=True, run_id=run_id)
 
 
@@ -332,6 +372,7 @@ class Stepper:
                 running=False,
                 conversation_id=self.local.conversation_id,
                 retry=self.status == Run.Status.ERROR,
+                regenerate=self.status != Run.Status.ERROR,
             )
         )
         self._learned()

@@ -49,6 +49,8 @@ def conversation_markdown(conversation: Conversation) -> str:
     lines = [f"# {conversation.title}", ""]
     for message in conversation.messages.order_by("created_at", "id"):
         when = message.created_at.strftime("%Y-%m-%d %H:%M")
+        if message.superseded_at is not None:
+            when += " (earlier version: replaced by an edit or a regenerate)"
         if message.role == Message.Role.TOOL:
             approval = approvals.get(message.approval_id)
             how = f" ({approval.status_label})" if approval is not None else ""

@@ -20,7 +20,8 @@ def default_tools() -> list[str]:
 
 class ConversationQuerySet(models.QuerySet):
     def owned_by(self, user) -> ConversationQuerySet:
-        return self.filter(owner=user)
+        """The member's conversations they have not deleted (archived ones included)."""
+        return self.filter(owner=user, deleted_at__isnull=True)
 
 
 class Conversation(models.Model):
@@ -38,6 +39,12 @@ class Conversation(models.Model):
     disabled_tools = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Out of the sidebar until shown again; it opens and answers as ever.
+    archived_at = models.DateTimeField(null=True, blank=True)
+    # Deleted by its member: its messages, runs and files are gone, and the row
+    # stays only so that its approval rows keep their conversation (the audit
+    # outlives the chat). ``purge_approvals`` removes it with its last row.
+    deleted_at = models.DateTimeField(null=True, blank=True)
 
     objects = ConversationQuerySet.as_manager()
 
@@ -171,6 +178,10 @@ class Message(models.Model):
     # ([{"name", "size", "mime", "shown"}], names relative to the workspace).
     attachments = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Replaced by an edit or a regenerate from this point: the page shows it
+    # folded as an earlier version; the model never reads it again. One fork
+    # gives all it replaced the same time.
+    superseded_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at", "id"]

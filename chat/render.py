@@ -20,7 +20,7 @@ from chat import events
 from chat.display import Item, MessageView, ToolBlock, blocks_for, tool_dom_id, transcript_items
 from chat.limits import MAX_MESSAGE
 from chat.models import Conversation, Message, Run
-from chat.services import conversation_retryable
+from chat.services import conversation_list, conversation_retryable, regenerate_point
 from chat.tools import builtin_tools
 
 
@@ -129,17 +129,35 @@ def run_status(text: str) -> str:
     return render_to_string("chat/_run_status.html", {"text": text})
 
 
-def run_controls(*, running: bool, conversation_id: int, retry: bool = False) -> str:
-    """Stop while a run goes; Retry after one that ended in an error."""
-    return _run_controls(running, conversation_id, retry and not running, get_script_prefix())
+def run_controls(
+    *, running: bool, conversation_id: int, retry: bool = False, regenerate: bool = False
+) -> str:
+    """Stop while a run goes; Retry after one that ended in an error, else Regenerate."""
+    after = "" if running else "retry" if retry else "regenerate" if regenerate else ""
+    return _run_controls(running, conversation_id, after, get_script_prefix())
 
 
 @functools.lru_cache(maxsize=1024)
-def _run_controls(running: bool, conversation_id: int, retry: bool, prefix: str) -> str:
+def _run_controls(running: bool, conversation_id: int, after: str, prefix: str) -> str:
     return render_to_string(
         "chat/_run_controls.html",
-        {"running": running, "retry": retry, "oob": True, "conversation_id": conversation_id},
+        {
+            "running": running,
+            "retry": after == "retry",
+            "regenerate": after == "regenerate",
+            "oob": True,
+            "conversation_id": conversation_id,
+        },
     )
+
+
+def run_after(conversation: Conversation, running: bool) -> dict:
+    """What the run controls offer once nothing runs: Retry after an error, or
+    Regenerate once the member has asked something."""
+    if running:
+        return {"retry": False, "regenerate": False}
+    retry = conversation_retryable(conversation.pk)
+    return {"retry": retry, "regenerate": not retry and regenerate_point(conversation.pk)[0]}
 
 
 def title(conversation_title: str) -> str:
@@ -168,14 +186,56 @@ def settings_context(conversation: Conversation) -> dict:
     }
 
 
+def list_context(params, user, *, current: int | None = None) -> dict:
+    """The sidebar's (and the index's) list, as its search form asks for it:
+    ``q`` words, ``archived=1`` for the archived ones, ``current`` the chat on screen."""
+    query = params.get("q", "")[:200]
+    archived = params.get("archived") == "1"
+    if current is None and str(params.get("current", "")).isdigit():
+        current = int(params["current"])
+    return {
+        "conversations": conversation_list(owner=user, query=query, archived=archived),
+        "query": query,
+        "archived": archived,
+        "current_id": current,
+    }
+
+
+def waiting_markers(user, *, approval_ids: list[str] | None = None) -> str:
+    """The sidebar's "waiting" markers, swapped in place: those of the member's
+    chats that these approvals belong to, or (None) of the sidebar's whole list."""
+    if approval_ids is None:
+        waiting = {c.pk: c.waiting for c in conversation_list(owner=user)}
+    else:
+        touched = set(
+            ToolApproval.objects.filter(
+                approval_id__in=approval_ids, conversation__owner=user
+            ).values_list("conversation_id", flat=True)
+        )
+        pending = set(
+            ToolApproval.objects.pending()
+            .filter(conversation_id__in=touched)
+            .values_list("conversation_id", flat=True)
+        )
+        waiting = {pk: pk in pending for pk in sorted(touched)}
+    return "".join(
+        render_to_string(
+            "chat/_waiting_marker.html",
+            {"conversation_id": pk, "waiting": is_waiting, "oob": True},
+        )
+        for pk, is_waiting in waiting.items()
+    )
+
+
 def page_context(conversation: Conversation) -> dict:
     """Everything ``chat/conversation.html`` shows."""
     running = Run.objects.running().filter(conversation=conversation).exists()
     return {
+        **list_context({}, conversation.owner, current=conversation.pk),
         **settings_context(conversation),
         "items": transcript_items(conversation),
         "running": running,
-        "retry": not running and conversation_retryable(conversation.pk),
+        **run_after(conversation, running),
         "message_max_length": MAX_MESSAGE,
         "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH,
     }
@@ -195,10 +255,11 @@ def review_context(conversation: Conversation, *, viewer) -> dict:
 def catch_up(conversation: Conversation) -> str:
     """Everything a (re)connecting tab needs to be current: transcript and run state."""
     running = Run.objects.running().filter(conversation=conversation).exists()
-    retry = not running and conversation_retryable(conversation.pk)
     return (
         transcript(conversation)
-        + run_controls(running=running, conversation_id=conversation.pk, retry=retry)
+        + run_controls(
+            running=running, conversation_id=conversation.pk, **run_after(conversation, running)
+        )
         + settings_panel(conversation, oob=True)
     )
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+import re
+import shutil
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.contrib.postgres.search import SearchQuery, SearchVector
+from django.core.files.storage import default_storage
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
@@ -18,6 +22,7 @@ from approvals.services.rules import rule_revoke
 from approvals.services.waiting import approval_cancel_run, approvals_time_out
 from chat.models import Conversation, Message, Run
 from chat.tools import builtin_tools
+from chat.tools.images import storage_name
 from studio.runtime import runtime
 from studio.sessions import session_digest
 
@@ -43,15 +48,149 @@ def conversation_start(*, owner, title: str = "New chat") -> Conversation:
     and again does not pile up empty conversations in the list.
     """
     blank = (
-        Conversation.objects.filter(owner=owner, messages__isnull=True, runs__isnull=True)
+        Conversation.objects.owned_by(owner)
+        .filter(messages__isnull=True, runs__isnull=True)
         .order_by("-pk")
         .first()
     )
     if blank is None:
-        return Conversation.objects.create(owner=owner, title=title[:200] or "New chat")
-    blank.title = title[:200] or "New chat"
-    blank.save(update_fields=["title", "updated_at"])  # to the top of the list
+        return Conversation.objects.create(owner=owner, title=title[:TITLE_MAX] or "New chat")
+    blank.title = title[:TITLE_MAX] or "New chat"
+    blank.archived_at = None
+    blank.save(update_fields=["title", "archived_at", "updated_at"])  # to the top of the list
     return blank
+
+
+TITLE_MAX = 200
+# Sidebar search: at most this many words, each matched as a word's start.
+SEARCH_WORDS = 8
+SIDEBAR_LENGTH = 100
+
+
+class ConversationRefused(Exception):
+    """A conversation action that cannot be done; its message says why."""
+
+
+def conversation_list(*, owner, query: str = "", archived: bool = False):
+    """The member's conversations, newest activity first: the sidebar and the index.
+
+    ``query`` keeps those whose title or whose messages (the member's and the
+    agent's words, not tool output) hold every word of it, as the start of a
+    word: PostgreSQL's full-text search there, a plain substring match on SQLite.
+    """
+    conversations = Conversation.objects.owned_by(owner).filter(archived_at__isnull=not archived)
+    words = search_words(query)
+    if words:
+        conversations = _matching(conversations, words)
+    waiting = ToolApproval.objects.pending().filter(conversation=OuterRef("pk"))
+    return conversations.annotate(waiting=Exists(waiting)).order_by("-updated_at", "-pk")[
+        :SIDEBAR_LENGTH
+    ]
+
+
+def search_words(query: str) -> list[str]:
+    return re.findall(r"\w+", query.lower())[:SEARCH_WORDS]
+
+
+def _matching(conversations, words: list[str]):
+    said = Message.objects.filter(
+        conversation=OuterRef("pk"), role__in=[Message.Role.USER, Message.Role.ASSISTANT]
+    )
+    if connection.vendor == "postgresql":
+        # Words only (\w+), so the raw query cannot be malformed; ":*" matches
+        # a word's start, so "pyth" finds "python" while typing.
+        query = SearchQuery(
+            " & ".join(f"{word}:*" for word in words), search_type="raw", config="simple"
+        )
+        in_messages = said.annotate(found=SearchVector("content", config="simple"))
+        return conversations.annotate(
+            found=SearchVector("title", config="simple"),
+        ).filter(Q(found=query) | Q(Exists(in_messages.filter(found=query))))
+    in_title = Q()
+    in_messages = said
+    for word in words:
+        in_title &= Q(title__icontains=word)
+        in_messages = in_messages.filter(content__icontains=word)
+    return conversations.filter(in_title | Q(Exists(in_messages)))
+
+
+def conversation_rename(*, conversation: Conversation, title: str) -> Conversation:
+    title = " ".join(title.split())
+    if not title:
+        raise ConversationRefused("Give the chat a name.")
+    if len(title) > TITLE_MAX:
+        raise ConversationRefused(f"Names are limited to {TITLE_MAX} characters.")
+    conversation.title = title
+    # Not updated_at: a new name is not new activity, so the list keeps its order.
+    Conversation.objects.filter(pk=conversation.pk).update(title=title)
+    return conversation
+
+
+def conversation_archive(*, conversation: Conversation, archived: bool) -> Conversation:
+    conversation.archived_at = timezone.now() if archived else None
+    Conversation.objects.filter(pk=conversation.pk).update(archived_at=conversation.archived_at)
+    return conversation
+
+
+def conversation_delete(*, conversation: Conversation, user) -> None:
+    """Delete the chat for its member: messages, runs and files; not its audit.
+
+    Its approval rows stay, and so does the conversation row they point to,
+    marked deleted (no member page shows it again). Its rules for this chat are
+    revoked. A chat whose run goes on is refused: Stop it first. The row is
+    marked before the check, and a run's start updates the same row, so a
+    message sent meanwhile either lands before (and the delete is refused) or
+    finds the chat deleted.
+    """
+    deleted_at = timezone.now()
+    with transaction.atomic():
+        marked = Conversation.objects.filter(
+            pk=conversation.pk, owner=user, deleted_at__isnull=True
+        ).update(deleted_at=deleted_at)
+        if not marked:
+            raise ConversationRefused("That chat is already deleted.")
+        if Run.objects.running().filter(conversation=conversation).exists():
+            transaction.set_rollback(True)
+            raise ConversationRefused("This chat's run is still going. Stop it, then delete.")
+        Message.objects.filter(conversation=conversation).delete()
+        Run.objects.filter(conversation=conversation).delete()
+        ToolRule.objects.active().filter(
+            scope=ToolRule.Scope.CONVERSATION, conversation=conversation
+        ).update(revoked_at=timezone.now(), revoked_by=user)
+    conversation.deleted_at = deleted_at
+    transaction.on_commit(lambda: _files_remove(conversation))
+
+
+def conversations_purge_deleted(*, dry_run: bool = False) -> int:
+    """Remove the deleted chats no approval row points to any more; how many."""
+    emptied = Conversation.objects.filter(deleted_at__isnull=False).exclude(
+        Exists(ToolApproval.objects.filter(conversation=OuterRef("pk")))
+    )
+    if dry_run:
+        return emptied.count()
+    return emptied.delete()[1].get(Conversation._meta.label, 0)
+
+
+def _files_remove(conversation: Conversation) -> None:
+    """Its workspace and Studio's copies of its images (best effort: logged)."""
+    # rmtree never follows a symlink a tool left in the workspace.
+    shutil.rmtree(conversation.workspace, ignore_errors=True)
+    folder = storage_name(conversation.workspace.name, "")
+    try:
+        _storage_remove(default_storage, folder.rstrip("/"))
+    except OSError:
+        logger.warning("could not remove the images of conversation %s", conversation.pk)
+
+
+def _storage_remove(storage, folder: str) -> None:
+    if not storage.exists(folder):
+        return
+    folders, files = storage.listdir(folder)
+    for name in files:
+        storage.delete(f"{folder}/{name}")
+    for name in folders:
+        _storage_remove(storage, f"{folder}/{name}")
+    storage.delete(folder)
 
 
 def conversation_settings_update(
@@ -120,7 +259,19 @@ def conversation_rule_revoke(*, conversation: Conversation, rule_id: int, user) 
     return rule_revoke(rule=rule, user=user)
 
 
-def run_create(*, run_id: str, conversation_id: int, user, text: str | None, owner: str) -> tuple:
+class ForkRefused(Exception):
+    """The message to edit or regenerate from is not (or no longer) on the chat's branch."""
+
+
+def run_create(
+    *,
+    run_id: str,
+    conversation_id: int,
+    user,
+    text: str | None,
+    owner: str,
+    fork_from: int | None = None,
+) -> tuple:
     """Claim the conversation for a new run, owned by ``owner``, and save the
     user's message (None: a retry, from the conversation as it is); returns
     (run, message or None).
@@ -129,7 +280,9 @@ def run_create(*, run_id: str, conversation_id: int, user, text: str | None, own
     processes: a conversation whose run goes on (working or waiting, in any
     process) refuses a second one with ``RunBusy``.
     """
-    conversation = Conversation.objects.select_related("owner").get(pk=conversation_id, owner=user)
+    conversation = (
+        Conversation.objects.owned_by(user).select_related("owner").get(pk=conversation_id)
+    )
     try:
         with transaction.atomic():
             # The owner as read here, not ``user``: a view's ``request.user``
@@ -137,6 +290,8 @@ def run_create(*, run_id: str, conversation_id: int, user, text: str | None, own
             run = Run.objects.create(
                 id=run_id, conversation=conversation, started_by=conversation.owner, owner=owner
             )
+            if fork_from is not None:
+                _supersede_from(conversation, fork_from)
             message = None
             if text is not None:
                 message = Message.objects.create(
@@ -144,16 +299,58 @@ def run_create(*, run_id: str, conversation_id: int, user, text: str | None, own
                 )
             if conversation.title == "New chat" and text:
                 conversation.title = _title_from(text)
-            conversation.save(update_fields=["title", "updated_at"])
+            # A conditional update: a delete that marked the row first wins,
+            # and this run is rolled back (see conversation_delete). Writing in
+            # an archived chat brings it back to the list.
+            started = Conversation.objects.filter(pk=conversation.pk, deleted_at__isnull=True)
+            if not started.update(
+                title=conversation.title, archived_at=None, updated_at=timezone.now()
+            ):
+                raise Conversation.DoesNotExist(conversation_id)
     except IntegrityError:
         raise RunBusy(conversation_id) from None
     return run, message
 
 
+def _supersede_from(conversation: Conversation, message_id: int) -> None:
+    """Fold away the branch from this message on; an edit or a regenerate starts
+    a new one. Under the new run's claim, so no run writes to the branch meanwhile."""
+    branch = Message.objects.filter(conversation=conversation, superseded_at__isnull=True)
+    at = branch.filter(pk=message_id).values_list("created_at", flat=True).first()
+    if at is None:
+        raise ForkRefused(message_id)
+    later = Q(created_at__gt=at) | Q(created_at=at, pk__gte=message_id)
+    branch.filter(later).update(superseded_at=timezone.now())
+
+
+def regenerate_point(conversation_id: int) -> tuple[bool, int | None]:
+    """Where a regenerate forks: (whether there is a turn to run again, the
+    first message after the member's last one, or None when nothing answered it)."""
+    branch = Message.objects.filter(conversation_id=conversation_id, superseded_at__isnull=True)
+    last_asked = branch.filter(role=Message.Role.USER).order_by("-created_at", "-id").first()
+    if last_asked is None:
+        return False, None
+    after = branch.filter(
+        Q(created_at__gt=last_asked.created_at)
+        | Q(created_at=last_asked.created_at, pk__gt=last_asked.pk)
+    )
+    return True, after.order_by("created_at", "id").values_list("pk", flat=True).first()
+
+
+def editable_message(*, conversation_id: int, message_id: int) -> bool:
+    """A member's message on the chat's branch (an edit forks from it)."""
+    return Message.objects.filter(
+        pk=message_id,
+        conversation_id=conversation_id,
+        role=Message.Role.USER,
+        superseded_at__isnull=True,
+    ).exists()
+
+
 def conversation_retryable(conversation_id: int) -> bool:
     """Its last word is an error (the model was down, say): a retry may ask again."""
     last = (
-        Message.objects.filter(conversation_id=conversation_id)
+        Message.objects.filter(conversation_id=conversation_id, superseded_at__isnull=True)
         .order_by("-created_at", "-id")
         .values_list("role", flat=True)
         .first()

@@ -1,4 +1,4 @@
-"""Tell a member's open sockets when their session may have ended."""
+"""Chat's receivers: sockets re-check sessions; a purge removes deleted chats."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from django.contrib.auth.signals import user_logged_out
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
-from chat.services import member_sessions_recheck
+from approvals.signals import approvals_purged
+from chat.services import conversations_purge_deleted, member_sessions_recheck
 
 
 @receiver(user_logged_out)
@@ -24,3 +25,13 @@ def _account_changed(sender, instance, created, **kwargs) -> None:
     # of this member re-checks its own session.
     if not created:
         member_sessions_recheck(user_id=instance.pk)
+
+
+@receiver(approvals_purged)
+def _approvals_purged(sender, dry_run: bool, **kwargs) -> str:
+    removed = conversations_purge_deleted(dry_run=dry_run)
+    if not removed:
+        return ""
+    return (
+        f"{'Would remove' if dry_run else 'Removed'} {removed} deleted chat(s) with no audit left."
+    )

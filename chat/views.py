@@ -4,10 +4,12 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from chat import render as fragments
-from chat.engine import run_launch, run_retry, run_stop
+from chat import services
+from chat.engine import run_edit, run_launch, run_regenerate, run_retry, run_stop
 from chat.export import conversation_json_text, conversation_markdown
 from chat.limits import MAX_MESSAGE
 from chat.models import Conversation
@@ -41,8 +43,73 @@ def _viewable(request: HtmxHttpRequest, conversation_id: int) -> tuple[Conversat
 @require_GET
 @login_required
 def index(request: HtmxHttpRequest) -> HttpResponse:
-    conversations = Conversation.objects.owned_by(request.user).order_by("-updated_at")
-    return render(request, "chat/index.html", {"conversations": conversations})
+    """The member's conversations, searchable (the sidebar's list, full page)."""
+    return render(request, "chat/index.html", fragments.list_context(request.GET, request.user))
+
+
+@require_GET
+@login_required
+def conversation_list(request: HtmxHttpRequest) -> HttpResponse:
+    """The sidebar's list alone, for its search box and archive switch."""
+    context = fragments.list_context(request.GET, request.user)
+    return render(request, "chat/_conversation_list.html", context)
+
+
+def _listed(request: HtmxHttpRequest, conversation: Conversation, *, refusal: str = ""):
+    """After a sidebar action: the list as its search shows it (htmx), else back
+    where the member was; a refusal is a 400 with the reason (or a flash)."""
+    if request.htmx:
+        if refusal:
+            return HttpResponse(refusal, status=400, content_type="text/plain; charset=utf-8")
+        context = fragments.list_context(request.POST, request.user)
+        if context["current_id"] == conversation.pk:
+            context["renamed"] = conversation
+        return render(request, "chat/_conversation_list.html", context)
+    if refusal:
+        messages.error(request, refusal)
+    elif conversation.deleted_at or conversation.archived_at:
+        return redirect("chat:index")
+    return redirect(conversation)
+
+
+@require_POST
+@login_required
+def conversation_rename(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
+    conversation = _owned(request, conversation_id)
+    try:
+        services.conversation_rename(
+            conversation=conversation, title=strip_nul(request.POST.get("title", ""))
+        )
+    except services.ConversationRefused as refused:
+        return _listed(request, conversation, refusal=str(refused))
+    return _listed(request, conversation)
+
+
+@require_POST
+@login_required
+def conversation_archive(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
+    conversation = _owned(request, conversation_id)
+    archive = request.POST.get("archive")
+    if archive not in ("1", "0"):
+        return HttpResponse("Say archive=1 or archive=0.", status=400)
+    services.conversation_archive(conversation=conversation, archived=archive == "1")
+    return _listed(request, conversation)
+
+
+@require_POST
+@login_required
+def conversation_delete(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
+    conversation = _owned(request, conversation_id)
+    if request.POST.get("confirm") != "yes":
+        return _listed(request, conversation, refusal="Tick the box to confirm the delete.")
+    try:
+        services.conversation_delete(conversation=conversation, user=request.user)
+    except services.ConversationRefused as refused:
+        return _listed(request, conversation, refusal=str(refused))
+    if request.htmx and str(conversation.pk) == request.POST.get("current"):
+        # The chat on screen is gone: leave it for the list.
+        return HttpResponse(headers={"HX-Redirect": reverse("chat:index")})
+    return _listed(request, conversation)
 
 
 @require_POST
@@ -109,6 +176,36 @@ def conversation_retry(request: HtmxHttpRequest, conversation_id: int) -> HttpRe
     """Plain-form fallback of the socket's Retry: ask the model again after an error."""
     conversation = _owned(request, conversation_id)
     launch = run_retry(conversation_id=conversation.pk, user=request.user)
+    if not launch.ok:
+        messages.error(request, launch.refusal)
+    return redirect(conversation)
+
+
+@require_POST
+@login_required
+def conversation_regenerate(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
+    """Plain-form fallback of the socket's Regenerate: run the last turn again."""
+    conversation = _owned(request, conversation_id)
+    launch = run_regenerate(conversation_id=conversation.pk, user=request.user)
+    if not launch.ok:
+        messages.error(request, launch.refusal)
+    return redirect(conversation)
+
+
+@require_POST
+@login_required
+def conversation_edit(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
+    """Plain-form fallback of the socket's Edit: fork at a message of the member's."""
+    conversation = _owned(request, conversation_id)
+    message_id = request.POST.get("message_id", "")
+    if not message_id.isdigit():
+        return HttpResponse("Name the message to edit.", status=400)
+    text = strip_nul(request.POST.get("message", ""))
+    if len(text) > MAX_MESSAGE:
+        return HttpResponse(f"Messages are limited to {MAX_MESSAGE:,} characters.", status=400)
+    launch = run_edit(
+        conversation_id=conversation.pk, user=request.user, message_id=int(message_id), text=text
+    )
     if not launch.ok:
         messages.error(request, launch.refusal)
     return redirect(conversation)

@@ -370,6 +370,62 @@
     }
   });
 
+
+  // The sidebar on a narrow screen: the head's link opens it as a drawer
+  // (on a wide one it is always shown and the link is hidden). Escape, the
+  // close button or a click outside closes it, and focus goes back.
+  var DRAWER = "(max-width: 1199.98px)";
+  function drawer(open) {
+    var sidebar = $("sidebar");
+    var toggle = document.querySelector(".sidebar-toggle");
+    if (!sidebar || !toggle) return;
+    sidebar.classList.toggle("open", open);
+    toggle.setAttribute("aria-expanded", open ? "true" : "false");
+    if (open) {
+      var search = $("conversation-search");
+      if (search) search.focus();
+    } else if (sidebar.contains(document.activeElement)) {
+      toggle.focus();
+    }
+  }
+  document.addEventListener("click", function (evt) {
+    var sidebar = $("sidebar");
+    if (!sidebar) return;
+    if (evt.target.closest(".sidebar-toggle") && window.matchMedia(DRAWER).matches) {
+      evt.preventDefault();
+      drawer(!sidebar.classList.contains("open"));
+    } else if (evt.target.closest(".sidebar-close")) {
+      drawer(false);
+    } else if (sidebar.classList.contains("open") && !sidebar.contains(evt.target)) {
+      drawer(false);
+    }
+  });
+  document.addEventListener("keydown", function (evt) {
+    var sidebar = $("sidebar");
+    if (evt.key === "Escape" && sidebar && sidebar.classList.contains("open")) drawer(false);
+  });
+
+  // A sidebar form the server refused (an empty name, a chat whose run goes
+  // on): its reason, in the form.
+  function formRefused(evt) {
+    var form = evt.detail.elt && evt.detail.elt.closest && evt.detail.elt.closest("form[data-errors]");
+    var msg = form && form.querySelector(".form-error");
+    if (!msg) return;
+    var xhr = evt.detail.xhr;
+    var plain = xhr && xhr.status === 400 &&
+      (xhr.getResponseHeader("Content-Type") || "").indexOf("text/plain") === 0;
+    msg.textContent = plain ? xhr.responseText : "That did not work. Try again.";
+    msg.hidden = false;
+  }
+  document.addEventListener("htmx:beforeOnLoad", function (evt) {
+    var elt = evt.detail.elt;
+    if (evt.detail.xhr.status === 400 && elt && elt.closest && elt.closest("form[data-errors]")) {
+      evt.stopPropagation();
+    }
+  }, true);
+  document.addEventListener("htmx:responseError", formRefused);
+  document.addEventListener("htmx:sendError", formRefused);
+
   function afterLiveUpdate() { syncTitle(); tidyInbox(); notifyNewCard(); }
   document.addEventListener("htmx:wsAfterMessage", afterLiveUpdate);
   document.addEventListener("htmx:afterSettle", afterLiveUpdate);

@@ -96,3 +96,18 @@ def test_staff_export_conversations_from_the_admin(chat, alice):
     documents = json.loads(response.content)
     assert [d["conversation"]["title"] for d in documents] == ["Budget", "Other"]
     assert len(documents[0]["approvals"]) == 1
+
+
+def test_an_earlier_version_is_exported_and_says_so(chat, alice):
+    from django.utils import timezone
+
+    Message.objects.filter(conversation=chat, content="It is 2.").update(
+        superseded_at=timezone.now()
+    )
+    client = owner_client(alice)
+    text = client.get(f"/c/{chat.pk}/export.md").content.decode()
+    assert "(earlier version: replaced by an edit or a regenerate):\n\nIt is 2." in text
+    document = json.loads(client.get(f"/c/{chat.pk}/export.json").content)
+    assert [m["superseded_at"] is not None for m in document["messages"]] == [
+        False, False, False, True,
+    ]  # fmt: skip

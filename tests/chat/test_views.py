@@ -164,3 +164,37 @@ def test_a_long_message_folds_and_keeps_every_character(alice_client, conversati
     parts = [html.unescape(p) for p in re.findall(r'<p class="user-text">(.*?)</p>', page, re.S)]
     assert parts[0] + parts[1] == text and parts[0].count("\n") < 10
     assert parts[2] == "short one"
+
+
+def test_the_page_offers_regenerate_after_a_reply_and_edit_on_the_branch_only(
+    alice_client, conversation
+):
+    from django.utils import timezone
+
+    page = alice_client.get(conversation.get_absolute_url()).text
+    assert 'id="regenerate-button"' not in page  # nothing asked yet
+    old = Message.objects.create(
+        conversation=conversation, role="user", content="old", superseded_at=timezone.now()
+    )
+    new = Message.objects.create(conversation=conversation, role="user", content="new")
+    Message.objects.create(conversation=conversation, role="assistant", content="an answer")
+    page = alice_client.get(conversation.get_absolute_url()).text
+    assert 'id="regenerate-button"' in page
+    assert "Earlier version · 1 message," in page
+    assert f'name="message_id" value="{new.pk}"' in page
+    assert f'name="message_id" value="{old.pk}"' not in page  # replaced: read only
+
+
+def test_edit_and_regenerate_refuse_bad_input_and_others(alice_client, conversation, bob):
+    said = Message.objects.create(conversation=conversation, role="user", content="hi")
+    url = reverse("chat:edit", args=[conversation.pk])
+    assert alice_client.post(url, {"message_id": "x", "message": "a"}).status_code == 400
+    response = alice_client.post(url, {"message_id": said.pk, "message": "y" * 100_001})
+    assert response.status_code == 400 and "limited to" in response.text
+    response = alice_client.post(url, {"message_id": said.pk + 99, "message": "a"}, follow=True)
+    assert "That message was replaced meanwhile" in response.text
+    theirs = make_conversation(bob)
+    for name in ("chat:edit", "chat:regenerate"):
+        data = {"message_id": said.pk, "message": "a"}
+        assert alice_client.post(reverse(name, args=[theirs.pk]), data).status_code == 404
+    assert Message.objects.get(pk=said.pk).superseded_at is None

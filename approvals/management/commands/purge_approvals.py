@@ -12,6 +12,7 @@ from django.utils import timezone
 from approvals.export import archive_write
 from approvals.models import ToolApproval
 from approvals.services.waiting import approvals_expire_stale
+from approvals.signals import approvals_purged
 
 
 class Command(BaseCommand):
@@ -93,6 +94,8 @@ class Command(BaseCommand):
                 deleted = _delete(doomed)  # exactly the archived rows
             else:
                 deleted = old.delete()[0]
+            # Other apps remove what they kept for these rows alone.
+            reports = [said for _, said in approvals_purged.send(self.__class__, dry_run=dry_run)]
         if verbosity >= 1:
             style = self.style.NOTICE if dry_run else self.style.SUCCESS
             verb, deleted_verb = (
@@ -105,6 +108,8 @@ class Command(BaseCommand):
                     f"older than {older_than:g} day(s)."
                 )
             )
+            for said in filter(None, reports):
+                self.stdout.write(style(said))
 
 
 CHUNK = 1000
