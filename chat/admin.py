@@ -3,9 +3,11 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 
 from chat.export import conversation_json_text
-from chat.models import Conversation, McpServer, Message, Run, parse_pairs
+from chat.llm import LLMError, server_models
+from chat.models import Conversation, LanguageModel, McpServer, Message, Run, parse_pairs
 
 
 class MessageInline(admin.TabularInline):
@@ -173,3 +175,79 @@ class McpServerAdmin(admin.ModelAdmin):
 
         hub().forget(obj.name)
         super().delete_model(request, obj)
+
+
+class LanguageModelForm(forms.ModelForm):
+    """The API key is a secret: a blank field keeps what is stored, anything
+    written replaces it, and a single "-" clears it. It is never sent back."""
+
+    base_url = forms.URLField(
+        label="Base URL",
+        assume_scheme="https",
+        max_length=500,
+        help_text=LanguageModel._meta.get_field("base_url").help_text,
+    )
+    api_key = forms.CharField(
+        label="API key",
+        required=False,
+        max_length=500,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off"}),
+    )
+
+    class Meta:
+        model = LanguageModel
+        fields = ["name", "base_url", "model_id", "api_key", "enabled"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        stored = self.instance.api_key if self.instance.pk else ""
+        self.fields["api_key"].help_text = (
+            "Set now. " if stored else "Nothing set. "
+        ) + "Leave blank to keep; a new key replaces it; a single - clears it."
+        if self.instance.available:
+            found = ", ".join(self.instance.available)
+            self.fields["model_id"].help_text += f" Found last time: {found}."
+
+    def clean_api_key(self) -> str:
+        value = self.cleaned_data.get("api_key", "").strip()
+        if value == "-":
+            return ""
+        if not value and self.instance.pk:
+            return LanguageModel.objects.get(pk=self.instance.pk).api_key
+        return value
+
+
+@admin.action(description="Fetch models (ask each server's /models)")
+def fetch_models(modeladmin, request: HttpRequest, queryset) -> None:
+    for choice in queryset:
+        try:
+            found = server_models(base_url=choice.base_url, api_key=choice.api_key)
+        except LLMError as exc:
+            LanguageModel.objects.filter(pk=choice.pk).update(last_error=str(exc))
+            modeladmin.message_user(request, f"{choice.name}: {exc}", messages.ERROR)
+            continue
+        LanguageModel.objects.filter(pk=choice.pk).update(
+            available=found, fetched_at=timezone.now(), last_error=""
+        )
+        offered = ", ".join(found) or "none"
+        level = messages.SUCCESS if choice.model_id in found else messages.WARNING
+        missing = "" if choice.model_id in found else f" (not {choice.model_id}!)"
+        modeladmin.message_user(
+            request, f"{choice.name}: the server offers {offered}{missing}.", level
+        )
+
+
+@admin.register(LanguageModel)
+class LanguageModelAdmin(admin.ModelAdmin):
+    """The models members may pick; the deployment's LLM_BASE_URL is the default."""
+
+    form = LanguageModelForm
+    actions = [fetch_models]
+    list_display = ["name", "model_id", "base_url", "enabled", "key_set", "fetched_at"]
+    list_filter = ["enabled"]
+    search_fields = ["name", "model_id", "base_url"]
+    readonly_fields = ["available", "fetched_at", "last_error"]
+
+    @admin.display(boolean=True, description="API key")
+    def key_set(self, choice: LanguageModel) -> bool:
+        return bool(choice.api_key)

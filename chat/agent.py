@@ -251,6 +251,7 @@ class Agent:
                 message_id=self.turn.pk,
                 content=self.turn.content,
                 created_at=self.turn.created_at,
+                model_name=self.turn.model_name,
                 calls=tuple(events.CallView(c.id, c.name, c.arguments or {}) for c in calls),
             )
             if not calls:
@@ -522,6 +523,7 @@ class Agent:
             role=Message.Role.ASSISTANT,
             content=strip_nul(turn.content),
             tool_calls=[_call_entry(c) for c in calls],
+            model_name=self.model.label[:60],
         )
         self.transcript.append(turn_message(self.turn.content, self.turn.tool_calls))
         return calls
@@ -579,6 +581,7 @@ class Agent:
                 run=self.run,
                 role=Message.Role.ASSISTANT,
                 content=content,
+                model_name=self.model.label[:60],
             )
 
     def _fail(self, text: str) -> Iterator[events.Event]:

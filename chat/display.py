@@ -27,6 +27,7 @@ class MessageView:
     conversation_id: int = 0
     # Replaced by an edit or a regenerate: shown in an earlier version's fold.
     superseded: bool = False
+    model_name: str = ""  # assistant turns: the model that wrote it
 
     @classmethod
     def of(cls, message: Message) -> MessageView:
@@ -39,6 +40,7 @@ class MessageView:
             attachments=message.attachments,
             conversation_id=message.conversation_id,
             superseded=message.superseded_at is not None,
+            model_name=message.model_name,
         )
 
 

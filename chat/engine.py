@@ -313,7 +313,7 @@ class Stepper:
         try:
             agent = self.agent = Agent(
                 conversation=conversation,
-                model=get_model(),
+                model=get_model(conversation.model),
                 cancel=self.local.cancel,
                 user=self.run.started_by,
                 run=self.run,

@@ -40,6 +40,7 @@ class TurnSaved:
     content: str
     created_at: datetime
     calls: tuple[CallView, ...] = ()
+    model_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,42 @@ def default_tools() -> list[str]:
     return list(DEFAULT_TOOLS)
 
 
+class LanguageModel(models.Model):
+    """A model members may pick for a conversation: one model of an
+    OpenAI-compatible server. The deployment's own (``LLM_BASE_URL``) is the
+    default entry and needs no row."""
+
+    name = models.CharField(
+        "Name", max_length=60, unique=True, help_text="What members see: in the picker, on replies."
+    )
+    base_url = models.URLField(
+        "Base URL",
+        max_length=500,
+        help_text="The server's OpenAI-compatible API root, e.g. http://127.0.0.1:8080/v1.",
+    )
+    model_id = models.CharField(
+        "Model id",
+        max_length=200,
+        help_text="The model asked for. Fetch models lists the server's.",
+    )
+    # A secret: stored, never shown back (the admin form keeps it when left blank).
+    api_key = models.CharField("API key", max_length=500, blank=True)
+    enabled = models.BooleanField("Enabled", default=True)
+    # What the server's /models answered last ("Fetch models" in the admin).
+    available = models.JSONField("Models found", default=list, blank=True)
+    fetched_at = models.DateTimeField("Fetched", null=True, blank=True)
+    last_error = models.TextField("Last error", blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "model"
+        verbose_name_plural = "models"
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class ConversationQuerySet(models.QuerySet):
     def owned_by(self, user) -> ConversationQuerySet:
         """The member's conversations they have not deleted (archived ones included)."""
@@ -37,6 +73,10 @@ class Conversation(models.Model):
     enabled_tools = models.JSONField(default=default_tools, blank=True)
     # MCP tools are on by default; these are the ones the member switched off.
     disabled_tools = models.JSONField(default=list, blank=True)
+    # The model its runs ask; blank: the deployment's default.
+    model = models.ForeignKey(
+        LanguageModel, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     # Out of the sidebar until shown again; it opens and answers as ever.
@@ -182,6 +222,8 @@ class Message(models.Model):
     # folded as an earlier version; the model never reads it again. One fork
     # gives all it replaced the same time.
     superseded_at = models.DateTimeField(null=True, blank=True)
+    # Assistant turns: the model that wrote it, by the name members know it by.
+    model_name = models.CharField(max_length=60, blank=True)
 
     class Meta:
         ordering = ["created_at", "id"]

@@ -19,7 +19,8 @@ from approvals.services.rules import policy_rules
 from chat import events
 from chat.display import Item, MessageView, ToolBlock, blocks_for, tool_dom_id, transcript_items
 from chat.limits import MAX_MESSAGE
-from chat.models import Conversation, Message, Run
+from chat.llm import default_model_label
+from chat.models import Conversation, LanguageModel, Message, Run
 from chat.services import conversation_list, conversation_retryable, regenerate_point
 from chat.tools import builtin_tools
 
@@ -97,6 +98,7 @@ def turn_saved(event: events.TurnSaved) -> str:
         role=Message.Role.ASSISTANT,
         content=event.content,
         created_at=event.created_at,
+        model_name=event.model_name,
     )
     calls = [{"id": c.call_id, "name": c.name, "arguments": c.arguments} for c in event.calls]
     return message(view, calls)
@@ -183,6 +185,8 @@ def settings_context(conversation: Conversation) -> dict:
         "mcp_servers": panel(conversation),
         "rules": mine,
         "team_rules": team,
+        "models": LanguageModel.objects.filter(enabled=True).only("pk", "name"),
+        "default_model": default_model_label(),
     }
 
 

@@ -20,7 +20,7 @@ from approvals.models import ToolApproval, ToolRule, can_review
 from approvals.notify import member_group
 from approvals.services.rules import rule_revoke
 from approvals.services.waiting import approval_cancel_run, approvals_time_out
-from chat.models import Conversation, Message, Run
+from chat.models import Conversation, LanguageModel, Message, Run
 from chat.tools import builtin_tools
 from chat.tools.images import storage_name
 from studio.runtime import runtime
@@ -194,17 +194,35 @@ def _storage_remove(storage, folder: str) -> None:
 
 
 def conversation_settings_update(
-    *, conversation: Conversation, confirm_tool_calls: bool, enabled_tools: list[str]
+    *,
+    conversation: Conversation,
+    confirm_tool_calls: bool,
+    enabled_tools: list[str],
+    model: str = "",
 ) -> Conversation:
-    """Save the panel: built-ins are switched on, MCP tools (on by default) off."""
+    """Save the panel: built-ins are switched on, MCP tools (on by default) off,
+    and the model (an enabled one's id, or "" for the default). An unknown or
+    disabled model is refused with ``ConversationRefused`` and nothing is saved."""
     from chat.mcp import known_tool_names
 
+    choice = None
+    if model:
+        choice = LanguageModel.objects.filter(pk=int(model) if model.isdigit() else 0).first()
+        if choice is None or not choice.enabled:
+            raise ConversationRefused("That model is not offered (any more). Pick another.")
+    conversation.model = choice
     chosen = set(enabled_tools)
     conversation.confirm_tool_calls = confirm_tool_calls
     conversation.enabled_tools = [name for name in builtin_tools() if name in chosen]
     conversation.disabled_tools = [name for name in known_tool_names() if name not in chosen]
     conversation.save(
-        update_fields=["confirm_tool_calls", "enabled_tools", "disabled_tools", "updated_at"]
+        update_fields=[
+            "confirm_tool_calls",
+            "enabled_tools",
+            "disabled_tools",
+            "model",
+            "updated_at",
+        ]
     )
     return conversation
 
@@ -383,7 +401,10 @@ def run_claim(*, run_id: str, owner: str) -> Claim | None:
     except ValueError:
         return None  # an approval of no run of ours (written by hand, imported)
     run = (
-        Run.objects.running().select_related("conversation", "started_by").filter(pk=run_id).first()
+        Run.objects.running()
+        .select_related("conversation__model", "started_by")
+        .filter(pk=run_id)
+        .first()
     )
     if run is None:
         return None

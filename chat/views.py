@@ -215,11 +215,15 @@ def conversation_edit(request: HtmxHttpRequest, conversation_id: int) -> HttpRes
 @login_required
 def conversation_settings(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
     conversation = _owned(request, conversation_id)
-    conversation_settings_update(
-        conversation=conversation,
-        confirm_tool_calls=request.POST.get("confirm_tool_calls") in ("on", "true", "1"),
-        enabled_tools=request.POST.getlist("enabled_tools"),
-    )
+    try:
+        conversation_settings_update(
+            conversation=conversation,
+            confirm_tool_calls=request.POST.get("confirm_tool_calls") in ("on", "true", "1"),
+            enabled_tools=request.POST.getlist("enabled_tools"),
+            model=request.POST.get("model", ""),
+        )
+    except services.ConversationRefused as refused:
+        return HttpResponse(str(refused), status=400, content_type="text/plain; charset=utf-8")
     if request.htmx:
         return HttpResponse(fragments.settings_panel(conversation, request=request))
     return redirect(conversation)

@@ -39,6 +39,7 @@ Chunk = TextDelta | TurnEnd
 
 class ChatModel(Protocol):
     name: str
+    label: str  # what members call it (the picker's name), shown on its replies
 
     def stream(
         self, messages: list[dict], tools: list[dict], *, cancel: CancelToken

@@ -47,6 +47,7 @@ INTRO = (
 
 class DemoModel:
     name = "demo"
+    label = "Demo model"
 
     def stream(
         self, messages: list[dict], tools: list[dict], *, cancel: CancelToken

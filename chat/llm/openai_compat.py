@@ -27,8 +27,11 @@ TRUNCATED = "\n\n[Studio cut this reply: it was longer than {limit:,} characters
 
 
 class OpenAICompatModel:
-    def __init__(self, *, base_url: str, model: str, api_key: str, timeout: float) -> None:
+    def __init__(
+        self, *, base_url: str, model: str, api_key: str, timeout: float, label: str = ""
+    ) -> None:
         self.name = model
+        self.label = label or model
         self.base_url = base_url
         self.model = model
         self.client = openai.OpenAI(
@@ -143,6 +146,15 @@ class OpenAICompatModel:
             arguments=strip_nul_json(arguments) if arguments is not None else None,
             error=error,
         )
+
+    @classmethod
+    def listed(cls, *, base_url: str, api_key: str, timeout: float) -> list[str]:
+        """The model ids the server's ``/models`` lists, sorted."""
+        server = cls(base_url=base_url, model="", api_key=api_key, timeout=timeout)
+        try:
+            return sorted({model.id for model in server.client.models.list()})
+        except openai.OpenAIError as exc:
+            raise LLMError(server._describe(exc)) from None
 
     def _describe(self, exc: Exception) -> str:
         """What the member reads. The server's address and the library's words

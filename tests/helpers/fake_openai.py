@@ -81,7 +81,8 @@ class Reply:
 
 
 class FakeOpenAI:
-    def __init__(self) -> None:
+    def __init__(self, models: tuple[str, ...] = ("fake-small", "fake-large")) -> None:
+        self.models = list(models)  # what GET /v1/models lists
         self.replies: list[Reply] = []
         self.requests: list[dict] = []
         self.release = threading.Event()
@@ -92,6 +93,24 @@ class FakeOpenAI:
 
             def log_message(self, *args) -> None:
                 pass
+
+            def do_GET(self) -> None:
+                server.requests.append(
+                    {"_get": self.path, "_auth": self.headers.get("Authorization", "")}
+                )
+                if self.path.rstrip("/") != "/v1/models":
+                    self.send_error(404)
+                    return
+                listed = [
+                    {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
+                    for m in server.models
+                ]
+                body = json.dumps({"object": "list", "data": listed}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
