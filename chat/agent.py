@@ -154,6 +154,7 @@ class Agent:
         self.toolbox = toolbox or toolbox_for(conversation, enabled=enabled_tools)
         self.knobs = knobs or AgentSettings.from_django()
         self.workspace = conversation.workspace
+        self.ran_tools = False  # a tool ran in this step: its workspace may have changed
         # Read from the run's rows when a step starts (``_load``):
         # (tool, argument hash) of calls that ran without error in this run,
         self.succeeded: set[tuple[str, str]] = set()
@@ -463,6 +464,7 @@ class Agent:
             self._record_edit(call, arguments)
         yield events.Status(f"Running {call.name}…")
         started = time.monotonic()
+        self.ran_tools = True
         result = self.toolbox.tools[call.name].execute(
             arguments,
             cancel=cancel,

@@ -379,9 +379,12 @@ class Stepper:
         self.publisher.flush()
 
     def _learned(self) -> None:
-        """The MCP tools this step found for the first time join the panel."""
+        """The MCP tools this step found for the first time join the panel; the
+        files its tools made, or removed, show in the workspace's list."""
         if self.agent is not None and self.agent.toolbox.learned:
             self.publisher.send(render.settings_panel(self.agent.conversation, oob=True))
+        elif self.agent is not None and self.agent.ran_tools:
+            self.publisher.send(render.files_panel(self.agent.conversation, oob=True))
 
 
 class Publisher:
@@ -395,6 +398,7 @@ class Publisher:
 
     def __init__(self, conversation: Conversation, run: Run) -> None:
         self.group = conversation.group_name
+        self.conversation_id = conversation.pk
         # Unique per step: a step resumed elsewhere starts its turns from 0 again.
         self.stream_key = f"{run.pk}-{secrets.token_hex(3)}"
         self.outbox = runtime().outbox
@@ -447,7 +451,7 @@ class Publisher:
                 # gets this).
                 self.deltas.clear()
                 drop = render.stream_drop(self.stream_id) if self.stream_open else ""
-                self.send(drop + render.appended(render.turn_saved(event)))
+                self.send(drop + render.appended(render.turn_saved(event, self.conversation_id)))
                 self.turn += 1
                 self.stream_open = False
             case events.ToolStarted(awaiting=awaiting):

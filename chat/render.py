@@ -23,6 +23,7 @@ from chat.llm import default_model_label
 from chat.models import Conversation, LanguageModel, Message, Run
 from chat.services import conversation_list, conversation_retryable, regenerate_point
 from chat.tools import builtin_tools
+from chat.workspace import workspace_files
 
 
 def message(view: MessageView, tool_calls: list[dict] = ()) -> str:
@@ -92,9 +93,10 @@ def _block(event: events.ToolStarted | events.ToolFinished, **parts) -> str:
     )
 
 
-def turn_saved(event: events.TurnSaved) -> str:
+def turn_saved(event: events.TurnSaved, conversation_id: int) -> str:
     view = MessageView(
         pk=event.message_id,
+        conversation_id=conversation_id,
         role=Message.Role.ASSISTANT,
         content=event.content,
         created_at=event.created_at,
@@ -166,6 +168,22 @@ def title(conversation_title: str) -> str:
     return f'<h1 id="conversation-title" hx-swap-oob="outerHTML">{escape(conversation_title)}</h1>'
 
 
+def files_panel(conversation: Conversation, request=None, *, oob=False, saved=()) -> str:
+    """The workspace's files with their upload form (``saved``: just uploaded)."""
+    context = {**files_context(conversation), "oob": oob, "saved": saved}
+    return render_to_string("chat/_files.html", context, request=request)
+
+
+def files_context(conversation: Conversation) -> dict:
+    files, more = workspace_files(conversation)
+    return {
+        "conversation": conversation,
+        "files": files,
+        "files_more": more,
+        "upload_max_mb": settings.STUDIO_UPLOAD_MAX_MB,
+    }
+
+
 def settings_panel(conversation: Conversation, request=None, *, oob: bool = False) -> str:
     context = {**settings_context(conversation), "oob": oob}
     return render_to_string("chat/_settings.html", context, request=request)
@@ -185,6 +203,7 @@ def settings_context(conversation: Conversation) -> dict:
         "mcp_servers": panel(conversation),
         "rules": mine,
         "team_rules": team,
+        **files_context(conversation),
         "models": LanguageModel.objects.filter(enabled=True).only("pk", "name"),
         "default_model": default_model_label(),
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from chat.models import Conversation, Message
+from chat.workspace import workspace_summary
 
 SYSTEM_PROMPT = (
     "You are the assistant in Studio, a team chat. You can call tools: {tools}. "
@@ -16,7 +17,9 @@ SYSTEM_PROMPT = (
     "respect that and do not retry it unless they ask. Don't repeat a call that "
     "already succeeded; use its result. If your server has no native tool calling, "
     'write a call as <tool_call>{{"name": "python", "arguments": {{"code": "..."}}}}'
-    "</tool_call> on its own."
+    "</tool_call> on its own. Files in the workspace (your tools' working folder, where "
+    "the user's uploads land too): {files}. To hand the user a file, link it in Markdown "
+    "as [its name](workspace:path/in/the/workspace); Studio makes that a download."
 )
 INTERRUPTED = "Error: no result was recorded for this call (the run was interrupted)."
 
@@ -42,7 +45,12 @@ def tool_message(call_id: str, content: str) -> dict:
 def transcript_build(conversation: Conversation, *, tools: str) -> list[dict]:
     """``tools``: the enabled tools described for the system prompt."""
     messages: list[dict] = [
-        {"role": "system", "content": SYSTEM_PROMPT.format(tools=tools or "none")}
+        {
+            "role": "system",
+            "content": SYSTEM_PROMPT.format(
+                tools=tools or "none", files=workspace_summary(conversation)
+            ),
+        }
     ]
     open_calls: list[str] = []
     # Four columns, not model instances: a long conversation is read again at

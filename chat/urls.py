@@ -21,6 +21,12 @@ urlpatterns = [
     path("c/<int:conversation_id>/settings/", views.conversation_settings, name="settings"),
     path("c/<int:conversation_id>/export.<str:kind>", views.conversation_export, name="export"),
     path("c/<int:conversation_id>/files/<path:key>", views.conversation_file, name="file"),
+    path("c/<int:conversation_id>/upload/", views.workspace_upload, name="upload"),
+    path(
+        "c/<int:conversation_id>/workspace/<path:name>",
+        views.workspace_download,
+        name="download",
+    ),
     path(
         "c/<int:conversation_id>/rules/<int:rule_id>/revoke/",
         views.rule_revoke,

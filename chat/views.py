@@ -8,7 +8,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from chat import render as fragments
-from chat import services
+from chat import services, workspace
 from chat.engine import run_edit, run_launch, run_regenerate, run_retry, run_stop
 from chat.export import conversation_json_text, conversation_markdown
 from chat.limits import MAX_MESSAGE
@@ -238,6 +238,46 @@ def rule_revoke(request: HtmxHttpRequest, conversation_id: int, rule_id: int) ->
     if request.htmx:
         return HttpResponse(fragments.settings_panel(conversation, request=request))
     return redirect(conversation)
+
+
+@require_POST
+@login_required
+def workspace_upload(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
+    """Files from the member into the conversation's workspace: all, or none."""
+    conversation = _owned(request, conversation_id)
+    try:
+        saved = workspace.workspace_upload(conversation, request.FILES.getlist("files"))
+    except workspace.UploadRefused as refused:
+        if request.htmx:
+            return HttpResponse(str(refused), status=400, content_type="text/plain; charset=utf-8")
+        messages.error(request, str(refused))
+        return redirect(conversation)
+    if request.htmx:
+        return HttpResponse(fragments.files_panel(conversation, request=request, saved=saved))
+    messages.success(request, "Uploaded " + ", ".join(f.name for f in saved) + ".")
+    return redirect(conversation)
+
+
+@require_GET
+@login_required
+def workspace_download(request: HtmxHttpRequest, conversation_id: int, name: str) -> HttpResponse:
+    """A file of the workspace, to its member, as a download that never runs in the page."""
+    conversation = _owned(request, conversation_id)
+    found = workspace.workspace_open(conversation, name)
+    if found is None:
+        raise Http404("No such file in this chat's workspace.")
+    stream, size = found
+    response = FileResponse(
+        stream,
+        as_attachment=True,
+        filename=name.rsplit("/", 1)[-1],
+        content_type="application/octet-stream",
+    )
+    response["Content-Length"] = str(size)
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Security-Policy"] = IMAGE_CSP
+    response["Cache-Control"] = "private, no-store"
+    return response
 
 
 IMAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; sandbox"

@@ -1,7 +1,14 @@
 from __future__ import annotations
 
+import re
+from html import escape as html_escape
+from html import unescape as html_unescape
+from pathlib import PurePosixPath
+from urllib.parse import unquote
+
 import nh3
 from django import template
+from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
 
@@ -32,11 +39,28 @@ _CLEANER = nh3.Cleaner(
 )
 
 
+# The model links a workspace file as [name](workspace:path); markdown-it
+# writes the href percent-encoded, and the download view checks the path.
+_WORKSPACE_LINK = re.compile(r'href="workspace:([^"]*)"')
+
+
 @register.filter
-def markdown(text: str) -> SafeString:
-    """The model's Markdown as safe HTML: rendered, then sanitized."""
-    clean = _CLEANER.clean(_MARKDOWN.render(text or ""))
-    return mark_safe(clean)  # noqa: S308 - sanitized by nh3 just above
+def markdown(text: str, conversation_id: int | None = None) -> SafeString:
+    """The model's Markdown as safe HTML: rendered, then sanitized. With the
+    conversation, ``workspace:`` links become downloads of its workspace files."""
+    html = _MARKDOWN.render(text or "")
+    if conversation_id:
+        html = _WORKSPACE_LINK.sub(lambda m: _download_href(conversation_id, m.group(1)), html)
+    return mark_safe(_CLEANER.clean(html))  # noqa: S308 - sanitized by nh3 just here
+
+
+def _download_href(conversation_id: int, encoded: str) -> str:
+    path = unquote(html_unescape(encoded))
+    parts = PurePosixPath(path).parts
+    if not parts or path.startswith("/") or any(p in (".", "..") for p in parts):
+        return 'href=""'  # not a path in the workspace: the link leads nowhere
+    url = reverse("chat:download", args=[conversation_id, path])
+    return f'href="{html_escape(url)}"'
 
 
 @register.filter

@@ -48,12 +48,16 @@ import shutil
 import signal
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 import zlib
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from django.conf import settings
 
 from chat.tools.base import ToolResult
 from chat.tools.images import keep, notice_for, produced, snapshot
@@ -64,6 +68,9 @@ from studio.text import strip_nul
 logger = logging.getLogger(__name__)
 
 OUTPUT_CAP = 64 * 1024
+# An output cut at OUTPUT_CAP is kept whole, up to this, as a workspace file.
+WHOLE_OUTPUT_CAP = 16 * 1024 * 1024
+WHOLE_OUTPUT_DIR = "tool-output"
 SANDBOX_UID_BASE = 200_000
 MB = 1024 * 1024
 _CONVERSATION_DIR = re.compile(r"^conversation-(\d+)$")
@@ -105,6 +112,8 @@ class SandboxResult:
     timed_out: bool = False
     cancelled: bool = False
     truncated_bytes: int = 0
+    # The whole output (a temporary file), when it was cut at OUTPUT_CAP.
+    whole: IO[bytes] | None = None
     out_of_memory: bool = False
     over_quota: bool = False
     quota_bytes: int = 0
@@ -653,19 +662,86 @@ def run_tool(argv: list[str], *, workspace: Path, **kwargs) -> ToolResult:
     workspace.mkdir(parents=True, exist_ok=True)
     before = snapshot(workspace)
     try:
-        result = run_sandboxed(argv, workspace=workspace, **kwargs).as_result(
-            timeout=kwargs["timeout"]
-        )
+        ran = run_sandboxed(argv, workspace=workspace, **kwargs)
     except SandboxUnavailable as exc:
         return ToolResult(str(exc), ok=False)
+    result = ran.as_result(timeout=kwargs["timeout"])
     made = keep(workspace, produced(workspace, before))
-    if not made:
+    files = tuple(image.as_dict() for image in made)
+    text = result.text + notice_for(made)
+    if ran.whole is not None:
+        with ran.whole:
+            kept = keep_whole_output(workspace, ran.whole)
+        if kept is not None:
+            files += (kept,)
+            text += f"\n[The whole output is in the workspace as {kept['name']}.]"
+    if not files:
         return result
-    return ToolResult(
-        result.text + notice_for(made),
-        ok=result.ok,
-        images=tuple(image.as_dict() for image in made),
-    )
+    return ToolResult(text, ok=result.ok, images=files)
+
+
+def keep_whole_output(workspace: Path, whole: IO[bytes]) -> dict | None:
+    """Save a cut output whole as a workspace file (the tools' uid owns it), so the
+    member can download it and the model can read it; None if it does not fit."""
+    size = whole.tell()
+    quota_left = settings.STUDIO_WORKSPACE_QUOTA_MB * MB - workspace_usage(workspace)
+    if size > quota_left:
+        return None
+    name = f"{WHOLE_OUTPUT_DIR}/{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.txt"
+    whole.seek(0)
+    try:
+        write_beneath(workspace, name, iter(lambda: whole.read(1 << 16), b""))
+    except OSError:
+        logger.warning("could not keep a tool's whole output in %s", workspace, exc_info=True)
+        return None
+    return {"name": name, "size": size, "mime": "text/plain", "shown": False, "output": True}
+
+
+def write_beneath(root: Path, name: str, chunks) -> None:
+    """Write ``chunks`` as ``name`` under ``root`` (folders made as needed),
+    never through a symlink, replacing what had that name; owned by the
+    uid the root's tools run as."""
+    parts = PurePosixPath(name).parts
+    if not parts or PurePosixPath(name).is_absolute() or any(p in (".", "..") for p in parts):
+        raise OSError(f"not a name under the workspace: {name}")
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_DIRECTORY
+    ids = sandbox_ids(root)
+    fds = [os.open(root, flags)]
+    try:
+        for folder in parts[:-1]:
+            try:
+                os.mkdir(folder, 0o700, dir_fd=fds[-1])
+                if ids is not None:
+                    os.chown(folder, *ids, dir_fd=fds[-1], follow_symlinks=False)
+            except FileExistsError:
+                pass
+            fds.append(os.open(folder, flags, dir_fd=fds[-1]))
+        folder = fds[-1]
+        temporary = f".studio-{secrets.token_hex(8)}"
+        fd = os.open(
+            temporary,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=folder,
+        )
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as out:
+                for chunk in chunks:
+                    out.write(chunk)
+            if ids is not None:
+                os.fchown(fd, *ids)
+            os.close(fd)
+            # rename replaces a symlink of that name itself, never its target.
+            os.replace(temporary, parts[-1], src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=folder)
+            raise
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
 
 
 def _run(
@@ -694,6 +770,7 @@ def _run(
     chunks: list[bytes] = []
     kept = [0]
     dropped = [0]
+    whole: list[IO[bytes]] = []  # started once the output passes OUTPUT_CAP
 
     def drain() -> None:
         assert proc.stdout is not None
@@ -703,6 +780,13 @@ def _run(
                 chunks.append(block[:room])
                 kept[0] += min(room, len(block))
             dropped[0] += max(0, len(block) - max(room, 0))
+            if dropped[0]:
+                if not whole:
+                    whole.append(tempfile.TemporaryFile())
+                    whole[0].write(b"".join(chunks))
+                    block = block[max(room, 0) :]
+                if whole[0].tell() < WHOLE_OUTPUT_CAP:
+                    whole[0].write(block[: WHOLE_OUTPUT_CAP - whole[0].tell()])
 
     reader = threading.Thread(target=drain, daemon=True, name="studio-tool-output")
     reader.start()
@@ -745,6 +829,7 @@ def _run(
         timed_out=timed_out,
         cancelled=cancelled,
         truncated_bytes=dropped[0],
+        whole=whole[0] if whole else None,
         out_of_memory=cgroup is not None and cgroup.out_of_memory(),
         over_quota=over_quota,
         quota_bytes=limits.workspace_bytes,

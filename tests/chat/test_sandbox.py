@@ -345,3 +345,34 @@ def test_a_call_that_needed_the_network_is_told_there_is_none(workspace):
     assert "use web_fetch" in out
     # A failure that has nothing to do with the network says nothing of it.
     assert "network" not in python("raise SystemExit(3)", workspace)
+
+
+def test_an_output_cut_in_the_chat_is_kept_whole_in_the_workspace(workspace, settings):
+    """Issue 38: the chat shows the first 64 KB; the whole downloads (and the model can read it)."""
+    code = "import sys\nfor n in range(20000): sys.stdout.write(f'line {n:05d}\\n')"
+    result = builtin_tools()["python"].execute(
+        {"code": code}, cancel=CancelToken(), timeout=TIMEOUT, workspace=workspace
+    )
+    whole = "".join(f"line {n:05d}\n" for n in range(20000))
+    assert result.ok and len(result.text) < len(whole)
+    [kept] = [f for f in result.images if f.get("output")]
+    assert result.text.endswith(f"[The whole output is in the workspace as {kept['name']}.]")
+    saved = workspace / kept["name"]
+    assert saved.read_text() == whole and kept["size"] == len(whole)
+    if sandbox.sandbox_ids(workspace) is not None:
+        assert saved.stat().st_uid == sandbox.sandbox_ids(workspace)[0]
+    # The model's next call reads it like any file of its workspace.
+    assert python(f"print(len(open('{kept['name']}').read()))", workspace).strip() == str(
+        len(whole)
+    )
+
+    # A workspace without room for it keeps only what the chat shows.
+    settings.STUDIO_WORKSPACE_QUOTA_MB = 1
+    result = builtin_tools()["python"].execute(
+        {"code": code.replace("20000", "100000")},  # 1.1 MB of output
+        cancel=CancelToken(),
+        timeout=TIMEOUT,
+        workspace=workspace,
+    )
+    assert not [f for f in result.images if f.get("output")]
+    assert "output truncated" in result.text and "whole output" not in result.text

@@ -11,6 +11,7 @@ Turn = tuple[str, list[ToolCall]] | Callable[[list[dict]], tuple[str, list[ToolC
 
 class ScriptedModel:
     name = "scripted"
+    label = "Scripted"
 
     def __init__(self, turns: list[Turn], *, repeat_last: bool = False) -> None:
         self.turns = list(turns)
