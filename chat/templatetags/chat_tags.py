@@ -64,6 +64,11 @@ def _download_href(conversation_id: int, encoded: str) -> str:
 
 
 @register.filter
+def first_line(text: str) -> str:
+    return (text or "").split("\n", 1)[0]
+
+
+@register.filter
 def line_count(text: str) -> int:
     return (text or "").count("\n") + 1
 
