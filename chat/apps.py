@@ -19,20 +19,25 @@ class ChatConfig(AppConfig):
         from approvals.signals import calls_settled
         from chat import engine, mcp
         from chat.metrics import RunStates
+        from chat.services import python_session_current
         from chat.toolbox import call_reading, tool_names
         from chat.tools import sandbox
+        from chat.tools.sessions import SESSIONS
         from studio.metrics import collector_add
         from studio.runtime import runtime
 
         # Decisions read an edited call the way the run reads the model's.
         call_reader_install(call_reading)
         tool_names_install(tool_names)
+        # A python session asks the conversation's row whether Stop or Restart ended it.
+        SESSIONS.is_current = python_session_current
         rt = runtime()
         rt.inbox.register("run.cancel", engine.cancel_from_message)
         rt.inbox.register("runs.resume", engine.resume_from_message)
         rt.services.append(engine.heartbeat)
         rt.services.append(engine.sweep)
         rt.on_exit.append(engine.wind_down)
+        rt.on_exit.append(lambda rt: SESSIONS.end_all())
         rt.on_exit.append(mcp.close_hub)
         calls_settled.connect(engine.on_calls_settled, dispatch_uid="chat.resume_runs")
         collector_add(RunStates())

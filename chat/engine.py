@@ -44,6 +44,7 @@ from chat.services import (
     approval_pending,
     conversation_retryable,
     editable_message,
+    python_sessions_reset,
     regenerate_point,
     run_claim,
     run_create,
@@ -55,6 +56,7 @@ from chat.services import (
     runs_to_resume,
 )
 from chat.toolbox import toolbox_for
+from chat.tools.sessions import SESSIONS
 from studio.logs import log_context
 from studio.runtime import SHARED_CHANNEL, LocalRun, Runtime, release_connection, runtime
 
@@ -198,6 +200,8 @@ def run_stop(*, conversation_id: int, user) -> bool:
     elif run.owner and run.owner != rt.inbox.name:
         # (A lost message: that process's heartbeat reads the row's flag.)
         rt.outbox.channel(run.owner, {"type": "run.cancel", "run_id": str(run.pk)})
+    # Nothing the run started outlives Stop: its python session ends too.
+    python_sessions_reset(conversation_id=conversation_id)
     return True
 
 
@@ -486,6 +490,12 @@ async def heartbeat(rt: Runtime) -> None:
             continue
         for run_id in stopped:
             cancel_from_message({"run_id": run_id})
+        if SESSIONS.held():
+            try:
+                # A Stop or Restart pressed in another process ends this one's session.
+                await rt.off_loop(SESSIONS.end_reset)
+            except Exception:
+                logger.warning("python sessions check failed", exc_info=True)
 
 
 async def sweep(rt: Runtime) -> None:

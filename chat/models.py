@@ -73,6 +73,9 @@ class Conversation(models.Model):
     enabled_tools = models.JSONField(default=default_tools, blank=True)
     # MCP tools are on by default; these are the ones the member switched off.
     disabled_tools = models.JSONField(default=list, blank=True)
+    # Stop or Restart was pressed: python sessions started before it are ended
+    # (every process's reaper and every next call read it).
+    python_reset_at = models.DateTimeField(null=True, blank=True)
     # The model its runs ask; blank: the deployment's default.
     model = models.ForeignKey(
         LanguageModel, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"

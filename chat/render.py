@@ -184,8 +184,10 @@ def files_context(conversation: Conversation) -> dict:
     }
 
 
-def settings_panel(conversation: Conversation, request=None, *, oob: bool = False) -> str:
-    context = {**settings_context(conversation), "oob": oob}
+def settings_panel(
+    conversation: Conversation, request=None, *, oob: bool = False, restarted: bool = False
+) -> str:
+    context = {**settings_context(conversation), "oob": oob, "restarted": restarted}
     return render_to_string("chat/_settings.html", context, request=request)
 
 
@@ -204,6 +206,8 @@ def settings_context(conversation: Conversation) -> dict:
         "rules": mine,
         "team_rules": team,
         **files_context(conversation),
+        "python_sessions": settings.STUDIO_PYTHON_SESSIONS,
+        "python_idle": _duration(settings.STUDIO_PYTHON_IDLE_SECONDS),
         "models": LanguageModel.objects.filter(enabled=True).only("pk", "name"),
         "default_model": default_model_label(),
     }
@@ -305,3 +309,10 @@ def notice(text: str, *, level: str = "error") -> str:
 
 def composer_state(state: str, seq: int) -> str:
     return f'<div id="composer-state" data-state="{state}" data-seq="{seq}" hidden></div>'
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    if minutes >= 1:
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    return f"{seconds:g} seconds"

@@ -8,6 +8,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.postgres.search import SearchQuery, SearchVector
@@ -23,6 +24,7 @@ from approvals.services.waiting import approval_cancel_run, approvals_time_out
 from chat.models import Conversation, LanguageModel, Message, Run
 from chat.tools import builtin_tools
 from chat.tools.images import storage_name
+from chat.tools.sessions import SESSIONS
 from studio.runtime import runtime
 from studio.sessions import session_digest
 
@@ -363,6 +365,27 @@ def editable_message(*, conversation_id: int, message_id: int) -> bool:
         role=Message.Role.USER,
         superseded_at__isnull=True,
     ).exists()
+
+
+def python_session_current(workspace: Path, started_at: datetime) -> bool:
+    """Whether a python session of this workspace started then may go on: no
+    Stop or Restart of its conversation since (``chat.tools.sessions`` asks)."""
+    match = re.fullmatch(r"conversation-(\d+)", workspace.name)
+    if match is None:
+        return True  # not a conversation's workspace (a bare one in tests)
+    reset = (
+        Conversation.objects.filter(pk=int(match.group(1)))
+        .values_list("python_reset_at", flat=True)
+        .first()
+    )
+    return reset is None or reset < started_at
+
+
+def python_sessions_reset(*, conversation_id: int) -> None:
+    """End the conversation's python session, in this process at once and in any
+    other at its next heartbeat (or its next call there)."""
+    Conversation.objects.filter(pk=conversation_id).update(python_reset_at=timezone.now())
+    SESSIONS.end(Conversation(pk=conversation_id).workspace)
 
 
 def conversation_retryable(conversation_id: int) -> bool:

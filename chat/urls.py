@@ -22,6 +22,7 @@ urlpatterns = [
     path("c/<int:conversation_id>/export.<str:kind>", views.conversation_export, name="export"),
     path("c/<int:conversation_id>/files/<path:key>", views.conversation_file, name="file"),
     path("c/<int:conversation_id>/upload/", views.workspace_upload, name="upload"),
+    path("c/<int:conversation_id>/python/restart/", views.python_restart, name="python_restart"),
     path(
         "c/<int:conversation_id>/workspace/<path:name>",
         views.workspace_download,

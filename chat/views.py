@@ -231,6 +231,18 @@ def conversation_settings(request: HtmxHttpRequest, conversation_id: int) -> Htt
 
 @require_POST
 @login_required
+def python_restart(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
+    """End the conversation's python session; its next python call starts afresh."""
+    conversation = _owned(request, conversation_id)
+    services.python_sessions_reset(conversation_id=conversation.pk)
+    if request.htmx:
+        return HttpResponse(fragments.settings_panel(conversation, request=request, restarted=True))
+    messages.success(request, "Python restarted: the next python call starts afresh.")
+    return redirect(conversation)
+
+
+@require_POST
+@login_required
 def rule_revoke(request: HtmxHttpRequest, conversation_id: int, rule_id: int) -> HttpResponse:
     conversation = _owned(request, conversation_id)
     if not conversation_rule_revoke(conversation=conversation, rule_id=rule_id, user=request.user):

@@ -64,6 +64,8 @@ def workspace_files(conversation: Conversation) -> tuple[list[WorkspaceFile], bo
                         continue
                     if not entry.is_file(follow_symlinks=False):
                         continue  # a symlink, a FIFO, a socket: not a file to hand out
+                    if entry.name.startswith(".studio"):
+                        continue  # Studio's own (a session's mark, a write under way)
                     info = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue

@@ -306,6 +306,11 @@ STUDIO_SANDBOX = env_choice("STUDIO_SANDBOX", "bwrap", ["bwrap", "none"])
 STUDIO_TOOL_MEMORY_MB = env_int("STUDIO_TOOL_MEMORY_MB", 512, minimum=16)
 STUDIO_TOOL_TMP_MB = env_int("STUDIO_TOOL_TMP_MB", 64, minimum=1)
 STUDIO_WORKSPACE_QUOTA_MB = env_int("STUDIO_WORKSPACE_QUOTA_MB", 256, minimum=1)
+# Python calls of one conversation share one interpreter (a session) that
+# keeps its variables; False: a fresh interpreter for every call.
+STUDIO_PYTHON_SESSIONS = env_bool("STUDIO_PYTHON_SESSIONS", True)
+# A session idle this long is ended (its memory freed); the next call starts afresh.
+STUDIO_PYTHON_IDLE_SECONDS = env_float("STUDIO_PYTHON_IDLE_SECONDS", 600, minimum=1)
 # A file a member uploads into a conversation's workspace, at most (each).
 STUDIO_UPLOAD_MAX_MB = env_float("STUDIO_UPLOAD_MAX_MB", 25, minimum=0.01)
 # Images a tool makes are shown inline up to this size (larger: listed).

@@ -134,3 +134,12 @@ def _fast_settings(settings, workspace_root, tmp_path_factory):
     settings.MEDIA_ROOT = tmp_path_factory.getbasetemp() / "media"
     # PBKDF2 costs ~0.3 s per user; tests make many.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _python_sessions_end():
+    """A test's python sessions end with it (a session outlives its calls by design)."""
+    from chat.tools.sessions import SESSIONS
+
+    yield
+    SESSIONS.end_all()

@@ -17,6 +17,8 @@ ALWAYS = (python.TOOL, terminal.TOOL, web_fetch.TOOL)
 
 def builtin_tools() -> dict[str, Tool]:
     tools = {tool.name: tool for tool in ALWAYS}
+    if tools.get("python") is python.TOOL:
+        tools["python"] = python.tool()  # its description says whether calls share state
     if settings.STUDIO_SEARXNG_URL:
         tools[web_search.TOOL.name] = web_search.TOOL
     return tools

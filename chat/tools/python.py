@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+from django.conf import settings
 
 from chat.tools.base import Tool, ToolResult
 from chat.tools.sandbox import run_tool
+from chat.tools.sessions import SESSIONS
 from studio.cancel import CancelToken
 
 # Runs first in the sandbox, then the member's code read from stdin (as
@@ -15,7 +19,7 @@ from studio.cancel import CancelToken
 # matplotlib's plt.show() saves the open figures into the workspace instead
 # (figure-N.png, never overwriting one), and so does the end of the program
 # for figures never shown; the chat then shows them under the output.
-PRELUDE = """
+FIGURES = """
 import sys
 
 def _studio_save_figures(plt):
@@ -45,9 +49,56 @@ class _StudioPyplot:
         return spec
 
 sys.meta_path.insert(0, _StudioPyplot())
+"""
+PRELUDE = (
+    FIGURES
+    + """
 _studio_code = sys.stdin.read()
 exec(compile(_studio_code, "<stdin>", "exec"), {"__name__": "__main__"})
 """
+)
+# A python session (chat.tools.sessions): one namespace for every call. Each
+# call arrives on stdin as its length in bytes, a newline and the source; its
+# end is the marker given as the last argument, then its exit status. The
+# call's own stdin reads nothing (the requests stream is kept aside).
+KERNEL = (
+    FIGURES
+    + """
+import io, os, traceback
+_studio_marker = sys.argv[-1].encode()
+sys.argv = [""]
+_studio_requests = os.fdopen(os.dup(0), "rb")
+_studio_null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(_studio_null, 0)
+os.close(_studio_null)
+sys.stdin = open(os.devnull)
+_studio_namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+while True:
+    _studio_header = _studio_requests.readline()
+    if not _studio_header:
+        break
+    _studio_code = _studio_requests.read(int(_studio_header)).decode("utf-8", "replace")
+    _studio_status = 0
+    try:
+        exec(compile(_studio_code, "<stdin>", "exec"), _studio_namespace)
+    except SystemExit as _studio_exit:
+        if _studio_exit.code is None or isinstance(_studio_exit.code, int):
+            _studio_status = _studio_exit.code or 0
+        else:
+            print(_studio_exit.code, file=sys.stderr)
+            _studio_status = 1
+    except BaseException:
+        _studio_status = 1
+        _kind, _value, _trace = sys.exc_info()
+        traceback.print_exception(_kind, _value, _trace.tb_next)
+        del _kind, _value, _trace
+    if "matplotlib.pyplot" in sys.modules:
+        _studio_save_figures(sys.modules["matplotlib.pyplot"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.write(1, _studio_marker + str(_studio_status).encode() + b"\\n")
+"""
+)
 
 
 def sandbox_python() -> str:
@@ -66,6 +117,14 @@ def sandbox_python() -> str:
 
 
 def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> ToolResult:
+    if settings.STUDIO_PYTHON_SESSIONS:
+        return SESSIONS.run(
+            arguments["code"],
+            workspace=workspace,
+            timeout=timeout,
+            cancel=cancel,
+            argv=[sandbox_python(), "-I", "-u", "-c", KERNEL],
+        )
     return run_tool(
         [sandbox_python(), "-I", "-c", PRELUDE],
         workspace=workspace,
@@ -78,9 +137,9 @@ def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path
 TOOL = Tool(
     name="python",
     description=(
-        "Run a Python 3 program and return what it prints (stdout and stderr). "
-        "The working folder persists for this conversation; there is no network. "
-        "Matplotlib figures (plt.show()) are saved and shown to the user."
+        "Run Python 3 code and return what it prints (stdout and stderr). The working "
+        "folder persists for this conversation; there is no network. Matplotlib figures "
+        "(plt.show()) are saved and shown to the user."
     ),
     parameters={
         "type": "object",
@@ -93,3 +152,15 @@ TOOL = Tool(
     run=run,
     subject_argument="code",
 )
+
+SESSION_NOTE = (
+    " Calls share one interpreter, like a notebook: variables, imports and data from "
+    "earlier calls are still there, unless Studio says a new session started."
+)
+
+
+def tool() -> Tool:
+    """The python tool as this deployment runs it (with sessions or without)."""
+    if settings.STUDIO_PYTHON_SESSIONS:
+        return replace(TOOL, description=TOOL.description + SESSION_NOTE)
+    return TOOL

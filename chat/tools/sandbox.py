@@ -606,8 +606,46 @@ def run_sandboxed(
     limits: Limits | None = None,
 ) -> SandboxResult:
     """Run ``argv`` isolated; raises ``SandboxUnavailable`` when it cannot be."""
-    check_available()
     limits = limits or default_limits()
+    prepared = prepare(argv, workspace=workspace, limits=limits, cpu_seconds=int(timeout) + 1)
+    try:
+        return _run(
+            prepared.command,
+            pass_fds=prepared.pass_fds,
+            workspace=workspace,
+            timeout=timeout,
+            cancel=cancel,
+            stdin=stdin,
+            limits=limits,
+            cgroup=prepared.cgroup,
+            used=prepared.used,
+        )
+    finally:
+        prepared.release()
+
+
+@dataclass
+class Prepared:
+    """A sandboxed command line and what it holds until its process is gone."""
+
+    command: list[str]
+    pass_fds: tuple[int, ...]
+    cgroup: CallCgroup | None
+    used: int  # the workspace's bytes when it was prepared
+
+    def release(self) -> None:
+        for fd in self.pass_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.pass_fds = ()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+
+
+def prepare(argv: list[str], *, workspace: Path, limits: Limits, cpu_seconds: int) -> Prepared:
+    """The command that runs ``argv`` isolated, its cgroups made; raises
+    ``SandboxUnavailable`` when it cannot be. ``release()`` it after."""
+    check_available()
     prepare_workspace(workspace)
     # All of it, not only up to the quota: the watch lets a workspace already
     # over it shrink, not grow.
@@ -615,46 +653,34 @@ def run_sandboxed(
     # No single file may grow past what is left of the quota; over it, the
     # call can still read and delete, not grow anything.
     file_bytes = max(0, min(limits.file_bytes, limits.workspace_bytes - used))
-    cpu_seconds = max(1, int(timeout) + 1)
-    cgroup = None
-    prefix: list[str] = []
-    filter_fd = None
+    cpu_seconds = max(1, cpu_seconds)
     if sandbox_mode() == "none":
         command = plain_argv(argv, limits=limits, cpu_seconds=cpu_seconds, file_bytes=file_bytes)
-    else:
-        root = cgroup_root()
-        if root is not None:
-            cgroup = CallCgroup(root=root, limits=limits)
-            procs = cgroup.create()
-            prefix = ["/bin/sh", "-c", _JOIN_CGROUPS, "studio-sandbox", *map(str, procs), "--"]
-        filter_fd = seccomp_fd()
-        command = bwrap_argv(
-            argv,
-            workspace=workspace,
-            limits=limits,
-            cpu_seconds=cpu_seconds,
-            file_bytes=file_bytes,
-            ids=sandbox_ids(workspace),
-            memory_rlimit=cgroup is None,
-            seccomp=filter_fd,
-        )
-    try:
-        return _run(
-            [*prefix, *command],
-            pass_fds=() if filter_fd is None else (filter_fd,),
-            workspace=workspace,
-            timeout=timeout,
-            cancel=cancel,
-            stdin=stdin,
-            limits=limits,
-            cgroup=cgroup,
-            used=used,
-        )
-    finally:
-        if filter_fd is not None:
-            os.close(filter_fd)
-        if cgroup is not None:
-            cgroup.remove()
+        return Prepared(command=command, pass_fds=(), cgroup=None, used=used)
+    cgroup = None
+    prefix: list[str] = []
+    root = cgroup_root()
+    if root is not None:
+        cgroup = CallCgroup(root=root, limits=limits)
+        procs = cgroup.create()
+        prefix = ["/bin/sh", "-c", _JOIN_CGROUPS, "studio-sandbox", *map(str, procs), "--"]
+    filter_fd = seccomp_fd()
+    command = bwrap_argv(
+        argv,
+        workspace=workspace,
+        limits=limits,
+        cpu_seconds=cpu_seconds,
+        file_bytes=file_bytes,
+        ids=sandbox_ids(workspace),
+        memory_rlimit=cgroup is None,
+        seccomp=filter_fd,
+    )
+    return Prepared(
+        command=[*prefix, *command],
+        pass_fds=() if filter_fd is None else (filter_fd,),
+        cgroup=cgroup,
+        used=used,
+    )
 
 
 def run_tool(argv: list[str], *, workspace: Path, **kwargs) -> ToolResult:
@@ -767,26 +793,12 @@ def _run(
         pass_fds=pass_fds,
         start_new_session=True,
     )
-    chunks: list[bytes] = []
-    kept = [0]
-    dropped = [0]
-    whole: list[IO[bytes]] = []  # started once the output passes OUTPUT_CAP
+    sink = OutputSink()
 
     def drain() -> None:
         assert proc.stdout is not None
         while block := proc.stdout.read1(65536):
-            room = OUTPUT_CAP - kept[0]
-            if room > 0:
-                chunks.append(block[:room])
-                kept[0] += min(room, len(block))
-            dropped[0] += max(0, len(block) - max(room, 0))
-            if dropped[0]:
-                if not whole:
-                    whole.append(tempfile.TemporaryFile())
-                    whole[0].write(b"".join(chunks))
-                    block = block[max(room, 0) :]
-                if whole[0].tell() < WHOLE_OUTPUT_CAP:
-                    whole[0].write(block[: WHOLE_OUTPUT_CAP - whole[0].tell()])
+            sink.add(block)
 
     reader = threading.Thread(target=drain, daemon=True, name="studio-tool-output")
     reader.start()
@@ -798,45 +810,86 @@ def _run(
         except (BrokenPipeError, OSError):
             pass
 
-    deadline = time.monotonic() + timeout
-    quota = _QuotaWatch(workspace, limits.workspace_bytes, used=used)
-    timed_out = cancelled = over_quota = False
-    while True:
-        try:
-            proc.wait(timeout=max(0.005, min(0.05, quota.next_check - time.monotonic())))
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        now = time.monotonic()
-        if cancel is not None and cancel.is_set():
-            cancelled = True
-        elif now >= deadline:
-            timed_out = True
-        elif now >= quota.next_check:
-            over_quota = quota.check(now)
-        if timed_out or cancelled or over_quota:
-            break
+    quota = QuotaWatch(workspace, limits.workspace_bytes, used=used)
+    timed_out, cancelled, over_quota = watch(proc, timeout=timeout, cancel=cancel, quota=quota)
     # bubblewrap's PID namespace dies with its init: killing the session
     # takes every process the program started, whatever it did to detach.
-    _kill_session(proc)
+    kill_session(proc)
     if cgroup is not None:
         cgroup.kill_all()
     reader.join(5)
-    output = strip_nul(b"".join(chunks).decode("utf-8", errors="replace"))
     return SandboxResult(
-        output=output,
+        output=sink.text(),
         exit_code=proc.returncode,
         timed_out=timed_out,
         cancelled=cancelled,
-        truncated_bytes=dropped[0],
-        whole=whole[0] if whole else None,
+        truncated_bytes=sink.dropped,
+        whole=sink.whole,
         out_of_memory=cgroup is not None and cgroup.out_of_memory(),
         over_quota=over_quota,
         quota_bytes=limits.workspace_bytes,
     )
 
 
-class _QuotaWatch:
+def watch(
+    proc: subprocess.Popen,
+    *,
+    timeout: float,
+    cancel: CancelToken | None,
+    quota: QuotaWatch,
+    ended: threading.Event | None = None,
+) -> tuple[bool, bool, bool]:
+    """Until the process exits (or ``ended`` is set): (timed out, cancelled, over its quota)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        step = max(0.005, min(0.05, quota.next_check - time.monotonic()))
+        if ended is None:
+            try:
+                proc.wait(timeout=step)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        elif ended.wait(step) or proc.poll() is not None:
+            break
+        now = time.monotonic()
+        if cancel is not None and cancel.is_set():
+            return False, True, False
+        if now >= deadline:
+            return True, False, False
+        if now >= quota.next_check and quota.check(now):
+            return False, False, True
+    return False, False, False
+
+
+class OutputSink:
+    """A call's output: its first OUTPUT_CAP bytes for the chat and the model,
+    and, once it passes that, the whole (up to WHOLE_OUTPUT_CAP) in a file."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.kept = 0
+        self.dropped = 0
+        self.whole: IO[bytes] | None = None
+
+    def add(self, block: bytes) -> None:
+        room = OUTPUT_CAP - self.kept
+        if room > 0:
+            self.chunks.append(block[:room])
+            self.kept += min(room, len(block))
+        self.dropped += max(0, len(block) - max(room, 0))
+        if self.dropped:
+            if self.whole is None:
+                self.whole = tempfile.TemporaryFile()
+                self.whole.write(b"".join(self.chunks))
+                block = block[max(room, 0) :]
+            if self.whole.tell() < WHOLE_OUTPUT_CAP:
+                self.whole.write(block[: WHOLE_OUTPUT_CAP - self.whole.tell()])
+
+    def text(self) -> str:
+        return strip_nul(b"".join(self.chunks).decode("utf-8", errors="replace"))
+
+
+class QuotaWatch:
     """When to look at a running call's workspace, and whether it passed its quota."""
 
     def __init__(self, workspace: Path, quota: int, *, used: int) -> None:
@@ -863,7 +916,7 @@ class _QuotaWatch:
         return min(high, max(low, headroom / self.rate / 3))
 
 
-def _kill_session(proc: subprocess.Popen) -> None:
+def kill_session(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     try:

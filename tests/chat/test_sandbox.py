@@ -30,6 +30,13 @@ def workspace(workspace_root, request):
     return workspace_root / f"conversation-{70_000 + abs(hash(request.node.name)) % 10_000}"
 
 
+@pytest.fixture(params=["session", "per call"])
+def python_mode(request, settings):
+    """The python tool both ways: a conversation's long-lived session, a fresh one per call."""
+    settings.STUDIO_PYTHON_SESSIONS = request.param == "session"
+    return request.param
+
+
 def python(code: str, workspace, *, timeout: float = TIMEOUT, cancel=None) -> str:
     return (
         builtin_tools()["python"]
@@ -98,7 +105,7 @@ CONNECT = (
 )
 
 
-def test_no_network_to_loopback_services_or_the_hosts_other_addresses(workspace):
+def test_no_network_to_loopback_services_or_the_hosts_other_addresses(workspace, python_mode):
     # Redis and PostgreSQL run on this machine; a listener stands in for Studio.
     app = Listener("127.0.0.1")
     other = Listener("0.0.0.0")  # noqa: S104 - on every address, the way a careless service binds
@@ -134,11 +141,13 @@ def test_the_call_sees_only_its_own_processes(workspace):
 def test_nothing_the_call_starts_survives_it(workspace, how):
     marker = f"studio-escape-{uuid.uuid4().hex[:8]}"
     # Three ways out of a process group: setsid, nohup + disown, a double fork.
+    # (A sleeper that takes the marker as an argument: GNU sleep would refuse it.)
+    sleeper = "python3 -c 'import time; time.sleep(600)'"
     command = (
-        f"setsid sleep 600 {marker}-a >/dev/null 2>&1 < /dev/null & "
-        f"nohup sleep 600 {marker}-b >/dev/null 2>&1 & disown; "
-        f"( ( sleep 600 {marker}-c >/dev/null 2>&1 & ) & ); "
-        "sleep 0.3; echo started"
+        f"setsid {sleeper} {marker}-a >/dev/null 2>&1 < /dev/null & "
+        f"nohup {sleeper} {marker}-b >/dev/null 2>&1 & disown; "
+        f"( ( {sleeper} {marker}-c >/dev/null 2>&1 & ) & ); "
+        f"sleep 0.5; pgrep -c -f '{marker}-[abc]$'; echo started"
     )
     cancel = CancelToken()
     if how == "timeout":
@@ -147,7 +156,7 @@ def test_nothing_the_call_starts_survives_it(workspace, how):
         command += "; sleep 600"
         threading.Timer(1.5, cancel.cancel).start()
     out = terminal(command, workspace, timeout=2.0 if how == "timeout" else TIMEOUT, cancel=cancel)
-    assert "started" in out, out
+    assert "3\nstarted" in out, out  # all three escapes ran inside the call
     if how == "timeout":
         assert out.startswith("Error: timed out")
     if how == "stop":
@@ -190,7 +199,7 @@ def test_memory_is_capped_per_call_not_per_process(workspace):
     assert "used more than its memory limit" in result.as_text(timeout=TIMEOUT)
 
 
-def test_one_process_past_the_limit_is_killed(workspace):
+def test_one_process_past_the_limit_is_killed(workspace, python_mode):
     out = python("x = bytearray(2 * 1024 ** 3); print('allocated')", workspace)
     assert "allocated" not in out
     assert "memory limit" in out or "MemoryError" in out
@@ -290,7 +299,7 @@ def test_a_call_passing_its_quota_is_stopped_within_64_mb(workspace, writer):
     run_sandboxed(["/bin/bash", "-c", "rm -f w* a*"], workspace=workspace, timeout=TIMEOUT)
 
 
-def test_fallocate_and_io_uring_are_refused(workspace):
+def test_fallocate_and_io_uring_are_refused(workspace, python_mode):
     code = (
         "import ctypes, os\n"
         "fd = os.open('f', os.O_CREAT | os.O_WRONLY)\n"
@@ -305,7 +314,7 @@ def test_fallocate_and_io_uring_are_refused(workspace):
     assert f"size {1 << 20}" in out, out
 
 
-def test_forks_are_capped_per_call(workspace):
+def test_forks_are_capped_per_call(workspace, python_mode):
     code = (
         "import os, time\n"
         "n = 0\n"
@@ -338,7 +347,7 @@ def test_sandbox_none_is_an_explicit_opt_out(workspace, settings):
     assert int(out.strip()) > 10
 
 
-def test_a_call_that_needed_the_network_is_told_there_is_none(workspace):
+def test_a_call_that_needed_the_network_is_told_there_is_none(workspace, python_mode):
     code = "import urllib.request\nurllib.request.urlopen('http://example.com', timeout=5)"
     out = python(code, workspace)
     assert out.startswith("Error: exited with status 1. Tools run without a network"), out
@@ -347,6 +356,7 @@ def test_a_call_that_needed_the_network_is_told_there_is_none(workspace):
     assert "network" not in python("raise SystemExit(3)", workspace)
 
 
+@pytest.mark.django_db
 def test_an_output_cut_in_the_chat_is_kept_whole_in_the_workspace(workspace, settings):
     """Issue 38: the chat shows the first 64 KB; the whole downloads (and the model can read it)."""
     code = "import sys\nfor n in range(20000): sys.stdout.write(f'line {n:05d}\\n')"

@@ -257,6 +257,7 @@ def test_tools_cannot_read_the_servers_private_files(workspace):
 
 
 @pytest.mark.usefixtures("root_sandbox")
+@pytest.mark.django_db
 def test_one_conversations_tool_cannot_read_anothers_workspace(workspace_root):
     mine = workspace_root / "conversation-9001"
     theirs = workspace_root / "conversation-9002"

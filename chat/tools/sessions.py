@@ -1,0 +1,306 @@
+"""Python sessions: one long-lived interpreter per conversation, like a notebook kernel.
+
+Each conversation's python calls run in one interpreter that keeps its
+variables between calls. It runs in the same sandbox as a single call
+(bubblewrap, no network, the tools' uid, seccomp), and its cgroup caps
+the memory of the whole interpreter, not of each call. Every call is still
+gated on its own code; the session only changes what the code can see.
+
+A session lives in the process that started it. It ends, and the next call
+starts a fresh one (the model is told), when it was idle for
+``STUDIO_PYTHON_IDLE_SECONDS``, when a call of it timed out, was stopped or
+passed a limit, and when the member pressed Stop or Restart. Those are
+written on the conversation's row; chat installs ``is_current`` to read it
+before each call, and each process's heartbeat ends the sessions it holds
+that were reset elsewhere (this module reads no database itself).
+
+The interpreter is the model's: what it writes, the end-of-call line
+included, is only ever shown as the call's output and trusted for nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from django.conf import settings
+from django.utils import timezone
+
+from chat.tools.base import ToolResult
+from chat.tools.images import keep, notice_for, produced, snapshot
+from chat.tools.sandbox import (
+    OutputSink,
+    Prepared,
+    QuotaWatch,
+    SandboxResult,
+    SandboxUnavailable,
+    clean_env,
+    default_limits,
+    keep_whole_output,
+    kill_session,
+    prepare,
+    watch,
+    write_beneath,
+)
+from studio.cancel import CancelToken
+
+# A session's interpreter may use this much CPU over its whole life; then it
+# is killed like any call past a limit, and the next call starts afresh.
+SESSION_CPU_SECONDS = 3600
+REAP_SECONDS = 2.0
+# Written in the workspace when a session starts: a later session finding it
+# tells the model that what earlier calls defined is gone (the first one has
+# nothing to say). The model may delete it; it then only misses that note.
+SEEN_MARK = ".studio-python-session"
+# After the output: a failure's text must start with "Error:".
+FRESH_TEXT = (
+    "\n[A new python session started for this call: nothing defined by earlier calls "
+    "exists here; files in the workspace are kept.]"
+)
+ENDED_TEXT = "\n[The python session ended with this call; the next call starts a new one.]"
+
+
+@dataclass
+class Session:
+    """One running interpreter, and where one call's output goes."""
+
+    workspace: Path
+    proc: subprocess.Popen
+    prepared: Prepared
+    marker: bytes  # how the interpreter ends each call's output
+    started_at: datetime = field(default_factory=timezone.now)
+    last_used: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    sink: OutputSink | None = None
+    tail: bytes = b""
+    status: int | None = None
+    ended: threading.Event = field(default_factory=threading.Event)
+
+    def read(self) -> None:
+        """(Its reader thread.) Feed output to the current call; note each call's end."""
+        assert self.proc.stdout is not None
+        while block := self.proc.stdout.read1(65536):
+            data = self.tail + block
+            end = data.find(self.marker)
+            if end < 0:
+                # Keep what could be the start of a marker split across reads.
+                keep_back = len(self.marker) + 8
+                self._emit(data[:-keep_back] if len(data) > keep_back else b"")
+                self.tail = data[-keep_back:] if len(data) > keep_back else data
+                continue
+            line_end = data.find(b"\n", end)
+            if line_end < 0:
+                self.tail = data
+                continue
+            self._emit(data[:end])
+            try:
+                self.status = int(data[end + len(self.marker) : line_end].strip() or b"1")
+            except ValueError:
+                self.status = 1
+            self.tail = data[line_end + 1 :]
+            self.ended.set()
+        self._emit(self.tail)
+        self.tail = b""
+        self.ended.set()
+
+    def _emit(self, data: bytes) -> None:
+        if data and self.sink is not None:
+            self.sink.add(data)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        kill_session(self.proc)
+        self.prepared.release()
+
+
+class Sessions:
+    """This process's python sessions, by conversation."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sessions: dict[Path, Session] = {}
+        self.reaper: threading.Thread | None = None
+        # (workspace, started at) -> whether no Stop or Restart ended it since.
+        self.is_current: Callable[[Path, datetime], bool] = lambda workspace, started: True
+
+    def run(
+        self, code: str, *, workspace: Path, timeout: float, cancel: CancelToken, argv: list[str]
+    ) -> ToolResult:
+        """Run ``code`` in the workspace's session (started if need be)."""
+        fresh = False
+        with self.lock:
+            session = self.sessions.get(workspace)
+        if session is not None and not (
+            session.alive and self.is_current(workspace, session.started_at)
+        ):
+            self.end(workspace, session)
+            session = None
+        if session is None:
+            try:
+                session = self._start(workspace, argv)
+            except SandboxUnavailable as exc:
+                return ToolResult(str(exc), ok=False)
+            fresh = (workspace / SEEN_MARK).exists()
+            if not fresh:
+                write_beneath(workspace, SEEN_MARK, [b""])
+            with self.lock:
+                self.sessions[workspace] = session
+            self._reap_later()
+        with session.lock:
+            result, ended = self._call(session, code, timeout=timeout, cancel=cancel)
+        if ended:
+            self.end(workspace, session)
+        text = result.text + (FRESH_TEXT if fresh else "") + (ENDED_TEXT if ended else "")
+        return ToolResult(text, ok=result.ok, images=result.images)
+
+    def _start(self, workspace: Path, argv: list[str]) -> Session:
+        limits = default_limits()
+        marker = b"\x1estudio-end-" + secrets.token_hex(8).encode() + b" "
+        # The interpreter ends each call's output with the marker, its last argument.
+        argv = [*argv, marker.decode()]
+        prepared = prepare(
+            argv, workspace=workspace, limits=limits, cpu_seconds=SESSION_CPU_SECONDS
+        )
+        try:
+            proc = subprocess.Popen(  # noqa: S603 - argv is built here, never a shell string
+                prepared.command,
+                cwd=workspace,
+                env=clean_env(workspace),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                pass_fds=prepared.pass_fds,
+                start_new_session=True,
+            )
+        except OSError:
+            prepared.release()
+            raise
+        session = Session(
+            workspace=workspace,
+            proc=proc,
+            prepared=prepared,
+            marker=marker,
+        )
+        threading.Thread(target=session.read, daemon=True, name="studio-python-session").start()
+        return session
+
+    def _call(
+        self, session: Session, code: str, *, timeout: float, cancel: CancelToken
+    ) -> tuple[ToolResult, bool]:
+        """(The call's result, whether the session ended with it.)"""
+        limits = default_limits()
+        before = snapshot(session.workspace)
+        session.sink, session.status = OutputSink(), None
+        session.ended.clear()
+        payload = code.encode("utf-8", errors="replace")
+        try:
+            assert session.proc.stdin is not None
+            session.proc.stdin.write(b"%d\n" % len(payload) + payload)
+            session.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # it died meanwhile: the watch sees it exit
+        quota = QuotaWatch(session.workspace, limits.workspace_bytes, used=session.prepared.used)
+        timed_out, cancelled, over_quota = watch(
+            session.proc, timeout=timeout, cancel=cancel, quota=quota, ended=session.ended
+        )
+        # No end-of-call line: the interpreter died (a limit, a crash, os._exit).
+        ended = timed_out or cancelled or over_quota or session.status is None
+        cgroup = session.prepared.cgroup
+        if ended:
+            kill_session(session.proc)
+            session.ended.wait(5)  # the reader drains what was written before the kill
+        # Read before the cgroup goes (with the session, in ``end``).
+        out_of_memory = cgroup is not None and cgroup.out_of_memory()
+        sink, session.sink = session.sink, None
+        exit_code = session.status if session.status is not None else session.proc.returncode
+        ran = SandboxResult(
+            output=sink.text(),
+            exit_code=exit_code,
+            timed_out=timed_out,
+            cancelled=cancelled,
+            truncated_bytes=sink.dropped,
+            whole=sink.whole,
+            out_of_memory=out_of_memory,
+            over_quota=over_quota,
+            quota_bytes=limits.workspace_bytes,
+        )
+        session.last_used = time.monotonic()
+        result = ran.as_result(timeout=timeout)
+        made = keep(session.workspace, produced(session.workspace, before))
+        files = tuple(image.as_dict() for image in made)
+        text = result.text + notice_for(made)
+        if ran.whole is not None:
+            with ran.whole:
+                whole = keep_whole_output(session.workspace, ran.whole)
+            if whole is not None:
+                files += (whole,)
+                text += f"\n[The whole output is in the workspace as {whole['name']}.]"
+        return ToolResult(text, ok=result.ok, images=files), ended
+
+    def end(self, workspace: Path, session: Session | None = None) -> bool:
+        """End the workspace's session here (``session``: only if it is that one)."""
+        with self.lock:
+            current = self.sessions.get(workspace)
+            if current is None or (session is not None and current is not session):
+                return False
+            self.sessions.pop(workspace)
+        current.close()
+        return True
+
+    def end_all(self) -> None:
+        with self.lock:
+            sessions, self.sessions = list(self.sessions.values()), {}
+        for session in sessions:
+            session.close()
+
+    def end_reset(self) -> int:
+        """End the sessions held here whose conversation was reset (from a thread
+        that may read the database); how many."""
+        with self.lock:
+            sessions = list(self.sessions.values())
+        ended = 0
+        for session in sessions:
+            if not session.lock.locked() and not self.is_current(
+                session.workspace, session.started_at
+            ):
+                ended += self.end(session.workspace, session)
+        return ended
+
+    def held(self) -> int:
+        with self.lock:
+            return len(self.sessions)
+
+    def _reap_later(self) -> None:
+        with self.lock:
+            if self.reaper is not None and self.reaper.is_alive():
+                return
+            self.reaper = threading.Thread(target=self._reap, daemon=True, name="studio-reaper")
+            self.reaper.start()
+
+    def _reap(self) -> None:
+        """(The reaper thread.) End idle and dead sessions; stop when none is left."""
+        while True:
+            time.sleep(REAP_SECONDS)
+            with self.lock:
+                sessions = list(self.sessions.values())
+            if not sessions:
+                return
+            idle = settings.STUDIO_PYTHON_IDLE_SECONDS
+            for session in sessions:
+                if session.lock.locked():
+                    continue  # a call runs: its own watch ends it if need be
+                if time.monotonic() - session.last_used > idle or not session.alive:
+                    self.end(session.workspace, session)
+
+
+SESSIONS = Sessions()

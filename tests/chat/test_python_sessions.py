@@ -1,0 +1,191 @@
+"""A python that remembers: one sandboxed interpreter per conversation, against
+the real sandbox. Its variables last between calls; its limits cover the whole
+interpreter; nothing of it outlives Stop, a restart, a timeout or its idle time."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+from django.utils import timezone
+
+from chat.models import Conversation
+from chat.services import python_sessions_reset
+from chat.tools import builtin_tools
+from chat.tools.sessions import ENDED_TEXT, FRESH_TEXT, SESSIONS
+from studio.cancel import CancelToken
+from tests.factories import make_conversation
+
+pytestmark = [pytest.mark.usefixtures("root_sandbox"), pytest.mark.django_db]
+
+TIMEOUT = 10.0
+BOUND = 10.0
+
+
+@pytest.fixture
+def chat(alice, settings):
+    settings.STUDIO_PYTHON_SESSIONS = True
+    conversation = make_conversation(alice)
+    # Rolled-back tests reuse primary keys: start from an empty workspace.
+    shutil.rmtree(conversation.workspace, ignore_errors=True)
+    return conversation
+
+
+def python(code: str, chat, *, timeout: float = TIMEOUT, cancel=None):
+    return builtin_tools()["python"].execute(
+        {"code": code}, cancel=cancel or CancelToken(), timeout=timeout, workspace=chat.workspace
+    )
+
+
+def session_pids(chat) -> list[int]:
+    """The host pids of this chat's interpreter (its sandbox's processes)."""
+    session = SESSIONS.sessions.get(chat.workspace)
+    return [] if session is None else [session.proc.pid]
+
+
+def alive(pid: int) -> bool:
+    return subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0
+
+
+def until(predicate, bound: float = BOUND) -> None:
+    deadline = time.monotonic() + bound
+    while not predicate():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.05)
+
+
+def test_a_variable_defined_in_one_call_is_read_in_the_next(chat):
+    first = python("import math\nrows = [1, 2, 3]\nprint('loaded')", chat)
+    assert first.ok and first.text == "loaded\n"  # the first session has nothing to lose
+    second = python("rows.append(4)\nprint(sum(rows), math.pi > 3)", chat)
+    assert second.ok and second.text == "10 True\n"
+    # An error leaves the session as it was; the traceback is the call's own.
+    failed = python("rows.append(5)\nraise ValueError('boom')", chat)
+    assert not failed.ok and failed.text.startswith("Error: exited with status 1.")
+    assert 'File "<stdin>", line 2' in failed.text and "ValueError: boom" in failed.text
+    assert python("print(rows)", chat).text == "[1, 2, 3, 4, 5]\n"
+    # sys.exit ends the call, not the session.
+    assert "status 3" in python("import sys\nsys.exit(3)", chat).text
+    assert python("print(len(rows))", chat).text == "5\n"
+
+
+def test_the_session_is_sandboxed_like_a_call(chat):
+    out = python(
+        "import os, socket\n"
+        "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+        "print(len(pids), os.getuid() != 0)\n"
+        "s = socket.socket()\n"
+        "s.settimeout(2)\n"
+        "try:\n    s.connect(('127.0.0.1', 5432)); print('CONNECTED')\n"
+        "except OSError:\n    print('REFUSED')\n",
+        chat,
+    ).text
+    count, not_root, reached = out.split()
+    assert int(count) < 6 and not_root == "True" and reached == "REFUSED", out
+    # The same interpreter again: still alone, still no network.
+    assert "REFUSED" in python("s2 = socket.socket(); s2.settimeout(2)\ntry:\n"
+                               "    s2.connect(('127.0.0.1', 6379)); print('CONNECTED')\n"
+                               "except OSError:\n    print('REFUSED')", chat).text  # fmt: skip
+
+
+def test_memory_is_capped_for_the_whole_interpreter_not_per_call(chat, settings):
+    settings.STUDIO_TOOL_MEMORY_MB = 256
+    first = python("a = bytearray(150 * 1024 * 1024)\nprint('held')", chat)
+    assert first.text.startswith("held")
+    second = python("b = bytearray(150 * 1024 * 1024)\nprint('held again')", chat)
+    assert not second.ok and "held again" not in second.text
+    assert "memory" in second.text and second.text.endswith(ENDED_TEXT)
+    # The next call starts afresh, and says so.
+    third = python("print('a' in globals())", chat)
+    assert third.text == "False\n" + FRESH_TEXT
+
+
+def test_a_timeout_ends_the_session_and_the_next_call_is_told(chat):
+    python("x = 1", chat)
+    pid = session_pids(chat)[0]
+    slow = python("import time\ntime.sleep(30)", chat, timeout=1.0)
+    assert slow.text.startswith("Error: timed out") and slow.text.endswith(ENDED_TEXT)
+    until(lambda: not alive(pid))
+    assert python("print('x' in globals())", chat).text == "False\n" + FRESH_TEXT
+
+
+def test_stop_ends_the_session_and_everything_it_started(chat):
+    marker = f"studio-session-child-{chat.pk}"
+    python(
+        "import subprocess\n"
+        "child = subprocess.Popen(\n"
+        f"    ['python3', '-c', 'import time; time.sleep(600)', '{marker}'],\n"
+        "    start_new_session=True)",
+        chat,
+    )
+    found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    assert found.strip(), "the call's background child runs while the session lives"
+    cancel = CancelToken()
+    threading.Timer(1.0, cancel.cancel).start()
+    stopped = python("import time\ntime.sleep(30)", chat, cancel=cancel)
+    assert stopped.text.startswith("Error: stopped by the user.")
+
+    def gone() -> bool:
+        return not subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout
+
+    until(gone)
+    assert SESSIONS.held() == 0
+
+
+def test_stop_or_restart_anywhere_ends_an_idle_session(chat):
+    python("x = 1", chat)
+    pid = session_pids(chat)[0]
+    python_sessions_reset(conversation_id=chat.pk)  # this process: at once
+    until(lambda: not alive(pid))
+    assert python("print('x' in globals())", chat).text == "False\n" + FRESH_TEXT
+
+    # Pressed in another process: only the row changes; this process's
+    # heartbeat (end_reset) ends the session it holds.
+    pid = session_pids(chat)[0]
+    Conversation.objects.filter(pk=chat.pk).update(python_reset_at=timezone.now())
+    assert SESSIONS.end_reset() == 1
+    until(lambda: not alive(pid))
+    assert SESSIONS.held() == 0
+
+
+def test_an_idle_session_ends_on_its_own(chat, settings):
+    settings.STUDIO_PYTHON_IDLE_SECONDS = 1
+    python("x = 1", chat)
+    pid = session_pids(chat)[0]
+    until(lambda: not alive(pid) and SESSIONS.held() == 0)
+    assert python("print('x' in globals())", chat).text == "False\n" + FRESH_TEXT
+
+
+def test_a_plot_shown_in_a_session_appears_like_any_call(chat):
+    python("import matplotlib\nimport matplotlib.pyplot as plt", chat)
+    shown = python("plt.plot([1, 2, 3])\nplt.show()", chat)
+    assert [image["name"] for image in shown.images] == ["figure-1.png"]
+    # A figure left open is saved when its call ends, not at the session's end.
+    left = python("plt.figure()\nplt.plot([3, 2, 1])", chat)
+    assert [image["name"] for image in left.images] == ["figure-2.png"]
+
+
+def test_switched_off_every_call_starts_fresh(chat, settings):
+    settings.STUDIO_PYTHON_SESSIONS = False
+    python("x = 1", chat)
+    out = python("print('x' in globals())", chat).text
+    assert out == "False\n" and SESSIONS.held() == 0
+    assert "share one interpreter" not in builtin_tools()["python"].description
+    settings.STUDIO_PYTHON_SESSIONS = True
+    assert "share one interpreter" in builtin_tools()["python"].description
+
+
+def test_stop_on_a_waiting_run_ends_its_conversations_session(chat, alice):
+    from chat.engine import run_stop
+    from tests.factories import make_run
+
+    python("x = 1", chat)
+    pid = session_pids(chat)[0]
+    make_run(chat)  # a run that waits on a card: no process steps it
+    assert run_stop(conversation_id=chat.pk, user=alice)
+    until(lambda: not alive(pid))
+    assert SESSIONS.held() == 0
+    assert Conversation.objects.get(pk=chat.pk).python_reset_at is not None
