@@ -538,6 +538,7 @@ class Agent:
             call=events.CallView(call.id, call.name, approval.arguments),
             approval_id=approval.approval_id,
             awaiting=awaiting,
+            needs_review=approval.needs_review,
         )
 
     def _finish(

@@ -458,10 +458,13 @@ class Publisher:
                 self.send(drop + render.appended(render.turn_saved(event, self.conversation_id)))
                 self.turn += 1
                 self.stream_open = False
-            case events.ToolStarted(awaiting=awaiting):
+            case events.ToolStarted(awaiting=awaiting, needs_review=needs_review):
                 self.send(render.tool_started(event))
                 if awaiting:
-                    self.send(render.run_status("Waiting for your decision…"))
+                    waiting = (
+                        "Waiting for a reviewer…" if needs_review else "Waiting for your decision…"
+                    )
+                    self.send(render.run_status(waiting))
                     self.flush()
             case events.TurnAsked(message_id=message_id, approval_ids=approval_ids):
                 self.send(render.batch(message_id, approval_ids))

@@ -51,6 +51,7 @@ class ToolStarted:
     call: CallView
     approval_id: str
     awaiting: bool
+    needs_review: bool = False  # it waits on a reviewer, not on the member
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,3 +116,27 @@ def test_the_approvals_list_fits_with_every_column(browser, studio_server, admin
         assert right <= width, right
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("width", [390, 1024, 1280])
+def test_the_audit_list_and_the_dashboard_fit_a_phone_too(
+    browser, studio_server, audit_rows, width
+):
+    """Issue 37 at every width: the page never scrolls sideways; on a phone the
+    results table scrolls inside its own box, and the charts shrink to fit."""
+    context = browser.new_context(viewport={"width": width, "height": 800})
+    page = context.new_page()
+    try:
+        login(page, studio_server, "ada")
+        page.goto(studio_server.url + "/admin/approvals/toolapproval/")
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        table = page.locator("#result_list")
+        assert table.locator("tbody tr").count() > 0
+        page.goto(studio_server.url + "/admin/")
+        page.click("text=Approvals dashboard")
+        page.locator("#approvals-dashboard").wait_for()
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        box = page.locator("#chart-per-day svg.pygal-chart").bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= width
+    finally:
+        context.close()

@@ -56,3 +56,43 @@ def test_upload_read_it_in_python_and_download_what_it_made(
         assert page.evaluate("document.documentElement.scrollWidth") <= width
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_an_export_round_trips_what_the_chat_holds(browser, studio_server, member, width):
+    import json
+
+    from approvals.models import ToolApproval, arguments_hash
+    from chat.models import Conversation, Message
+
+    context = browser.new_context(viewport={"width": width, "height": 900}, accept_downloads=True)
+    context.set_default_timeout(TIMEOUT)
+    page = context.new_page()
+    try:
+        login(page, studio_server)
+        new_chat(page)
+        ask(page, "run python: print(6 * 7)")
+        card = pending_card(page)
+        card.wait_for()
+        card.locator("button[value=allow]").click()
+        page.locator(".tool-result pre", has_text=re.compile(r"^\s*42\s*$")).wait_for()
+        run_finished(page)
+        with page.expect_download() as download:
+            page.locator(".export-links a", has_text="JSON").click()
+        document = json.loads(open(download.value.path()).read())
+        with page.expect_download() as download:
+            page.locator(".export-links a", has_text="Markdown").click()
+        markdown = open(download.value.path()).read()
+    finally:
+        context.close()
+    conversation = Conversation.objects.get(pk=document["conversation"]["id"])
+    stored = list(conversation.messages.order_by("created_at", "id"))
+    assert [(m["id"], m["role"], m["content"]) for m in document["messages"]] == [
+        (m.pk, m.role, m.content) for m in stored
+    ]
+    [row] = document["approvals"]
+    approval = ToolApproval.objects.get(approval_id=row["approval_id"])
+    assert (row["status"], row["arguments"]) == ("allowed", {"code": "print(6 * 7)"})
+    assert row["arguments_sha256"] == approval.arguments_sha256 == arguments_hash(row["arguments"])
+    assert "run python: print(6 * 7)" in markdown and "**python** call (Allowed)" in markdown
+    assert Message.objects.filter(conversation=conversation, role="tool").get().content in markdown

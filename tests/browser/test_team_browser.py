@@ -30,11 +30,12 @@ def count_is(page, n: int) -> None:
     page.wait_for_selector(f'{COUNT}[data-pending-count="{n}"]', state="attached")
 
 
+@pytest.mark.parametrize("width", [390, 1024, 1280])
 def test_a_reviewer_allows_a_review_call_from_the_inbox(
-    browser, studio_server, member, reviewer, artifacts
+    browser, studio_server, member, reviewer, artifacts, width
 ):
     ToolRule.objects.create(tool="terminal", action="review", note="Shell needs a second pair.")
-    contexts = [browser.new_context(viewport={"width": 1280, "height": 900}) for _ in range(2)]
+    contexts = [browser.new_context(viewport={"width": width, "height": 900}) for _ in range(2)]
     carol, bob = (c.new_page() for c in contexts)
     for page in (carol, bob):
         page.context.set_default_timeout(TIMEOUT)
@@ -50,7 +51,9 @@ def test_a_reviewer_allows_a_review_call_from_the_inbox(
     assert card.locator("[data-review-note]").count() == 1
     assert card.locator("button[value=allow]").count() == 0  # hers to deny, not to allow
     assert card.locator("button[value=deny]").count() == 1
-    # It waits on Bob, not on her: her header does not count it (issue 37).
+    # It waits on Bob, not on her: her header does not count it, and the
+    # chat says whom it waits for (issue 37).
+    carol.locator("#run-status", has_text="Waiting for a reviewer…").wait_for()
     count_is(carol, 0)
     assert carol.locator(COUNT).is_hidden()
     assert not carol.title().startswith("(")
