@@ -143,3 +143,13 @@ def _python_sessions_end():
 
     yield
     SESSIONS.end_all()
+
+
+@pytest.fixture
+def alice_client(alice):
+    """A test client logged in as alice."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(alice)
+    return client

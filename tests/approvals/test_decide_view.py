@@ -18,13 +18,6 @@ def approval(conversation):
     return make_approval(conversation, arguments={"code": "print('hi')"})
 
 
-@pytest.fixture
-def alice_client(alice) -> Client:
-    client = Client()
-    client.force_login(alice)
-    return client
-
-
 def url(approval_id: str) -> str:
     return reverse("approvals:decide", args=[approval_id])
 

@@ -84,6 +84,16 @@ def admin_member(settings):
 
 
 @pytest.fixture
+def sized(browser, request):
+    """A page as wide as the test's ``width`` parameter (390, 1024, 1280...), closed after."""
+    width = request.node.callspec.params["width"]
+    context = browser.new_context(viewport={"width": width, "height": 900}, accept_downloads=True)
+    context.set_default_timeout(TIMEOUT)
+    yield context.new_page()
+    context.close()
+
+
+@pytest.fixture
 def page(browser, studio_server):
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.set_default_timeout(TIMEOUT)

@@ -3,88 +3,75 @@ writes another, and both download through Studio."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
 import pytest
 
-from tests.browser.ui import TIMEOUT, ask, login, new_chat, pending_card, run_finished
+from approvals.models import ToolApproval, arguments_hash
+from chat.models import Conversation, Message
+from tests.browser.ui import card_for, login, new_chat, run_finished
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # ORM checks beside Playwright's loop
 
 
+def allow(page, text: str) -> None:
+    card_for(page, text).locator("button[value=allow]").click()
+
+
 @pytest.mark.parametrize("width", [390, 1280])
 def test_upload_read_it_in_python_and_download_what_it_made(
-    browser, studio_server, member, tmp_path, width
+    sized, studio_server, member, tmp_path, width
 ):
+    page = sized
     data = tmp_path / "sales.csv"
     data.write_text("region,total\nnorth,12\nsouth,30\n")
-    context = browser.new_context(viewport={"width": width, "height": 900}, accept_downloads=True)
-    context.set_default_timeout(TIMEOUT)
-    page = context.new_page()
-    try:
-        login(page, studio_server)
-        new_chat(page)
-        page.set_input_files("#upload-files", str(data))
-        page.locator(".upload-form button", has_text="Upload").click()
-        page.locator(".uploaded", has_text="Uploaded sales.csv.").wait_for()
-        page.locator(".files a", has_text="sales.csv").wait_for()
+    login(page, studio_server)
+    new_chat(page)
+    page.set_input_files("#upload-files", str(data))
+    page.locator(".upload-form button", has_text="Upload").click()
+    page.locator(".uploaded", has_text="Uploaded sales.csv.").wait_for()
+    page.locator(".files a", has_text="sales.csv").wait_for()
 
-        code = (
-            "rows = open('sales.csv').read().splitlines()[1:]; "
-            "open('total.txt', 'w').write(str(sum(int(r.split(',')[1]) for r in rows))); "
-            "print(len(rows), 'rows')"
-        )
-        ask(page, f"run python: {code}")
-        card = pending_card(page)
-        card.wait_for()
-        card.locator("button[value=allow]").click()
-        page.locator(".tool-result pre", has_text=re.compile(r"^\s*2 rows\s*$")).wait_for()
-        run_finished(page)
-        # What the call made shows in the list once its step ends, and downloads.
-        made = page.locator(".files a", has_text="total.txt")
-        made.wait_for()
-        with page.expect_download() as download:
-            made.click()
-        assert download.value.suggested_filename == "total.txt"
-        assert open(download.value.path()).read() == "42"
-        with page.expect_download() as download:
-            page.locator(".files a", has_text="sales.csv").click()
-        assert open(download.value.path()).read() == data.read_text()
-        assert page.evaluate("document.documentElement.scrollWidth") <= width
-    finally:
-        context.close()
+    code = (
+        "rows = open('sales.csv').read().splitlines()[1:]; "
+        "open('total.txt', 'w').write(str(sum(int(r.split(',')[1]) for r in rows))); "
+        "print(len(rows), 'rows')"
+    )
+    allow(page, f"run python: {code}")
+    page.locator(".tool-result pre", has_text=re.compile(r"^\s*2 rows\s*$")).wait_for()
+    run_finished(page)
+    # What the call made shows in the list once its step ends, and downloads.
+    made = page.locator(".files a", has_text="total.txt")
+    made.wait_for()
+    with page.expect_download() as download:
+        made.click()
+    assert download.value.suggested_filename == "total.txt"
+    assert open(download.value.path()).read() == "42"
+    with page.expect_download() as download:
+        page.locator(".files a", has_text="sales.csv").click()
+    assert open(download.value.path()).read() == data.read_text()
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
 
 
 @pytest.mark.parametrize("width", [390, 1280])
-def test_an_export_round_trips_what_the_chat_holds(browser, studio_server, member, width):
-    import json
+def test_an_export_round_trips_what_the_chat_holds(sized, studio_server, member, width):
+    page = sized
+    login(page, studio_server)
+    new_chat(page)
+    allow(page, "run python: print(6 * 7)")
+    page.locator(".tool-result pre", has_text=re.compile(r"^\s*42\s*$")).wait_for()
+    run_finished(page)
+    with page.expect_download() as download:
+        page.locator(".export-links a", has_text="JSON").click()
+    document = json.loads(open(download.value.path()).read())
+    with page.expect_download() as download:
+        page.locator(".export-links a", has_text="Markdown").click()
+    markdown = open(download.value.path()).read()
 
-    from approvals.models import ToolApproval, arguments_hash
-    from chat.models import Conversation, Message
-
-    context = browser.new_context(viewport={"width": width, "height": 900}, accept_downloads=True)
-    context.set_default_timeout(TIMEOUT)
-    page = context.new_page()
-    try:
-        login(page, studio_server)
-        new_chat(page)
-        ask(page, "run python: print(6 * 7)")
-        card = pending_card(page)
-        card.wait_for()
-        card.locator("button[value=allow]").click()
-        page.locator(".tool-result pre", has_text=re.compile(r"^\s*42\s*$")).wait_for()
-        run_finished(page)
-        with page.expect_download() as download:
-            page.locator(".export-links a", has_text="JSON").click()
-        document = json.loads(open(download.value.path()).read())
-        with page.expect_download() as download:
-            page.locator(".export-links a", has_text="Markdown").click()
-        markdown = open(download.value.path()).read()
-    finally:
-        context.close()
     conversation = Conversation.objects.get(pk=document["conversation"]["id"])
     stored = list(conversation.messages.order_by("created_at", "id"))
     assert [(m["id"], m["role"], m["content"]) for m in document["messages"]] == [

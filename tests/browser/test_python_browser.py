@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.browser.ui import TIMEOUT, card_for, login, new_chat, output, run_finished
+from tests.browser.ui import card_for, login, new_chat, output, run_finished
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -21,23 +21,18 @@ def allowed(page, text: str) -> None:
 
 
 @pytest.mark.parametrize("width", [390, 1280])
-def test_a_variable_lives_on_until_python_restarts(browser, studio_server, member, width):
-    context = browser.new_context(viewport={"width": width, "height": 900})
-    context.set_default_timeout(TIMEOUT)
-    page = context.new_page()
-    try:
-        login(page, studio_server)
-        new_chat(page)
-        allowed(page, "run python: answer = 6 * 7")
-        allowed(page, "run python: print(answer)")
-        output(page, "42").wait_for()
+def test_a_variable_lives_on_until_python_restarts(sized, studio_server, member, width):
+    page = sized
+    login(page, studio_server)
+    new_chat(page)
+    allowed(page, "run python: answer = 6 * 7")
+    allowed(page, "run python: print(answer)")
+    output(page, "42").wait_for()
 
-        page.locator("#python-restart").click()
-        page.locator("#settings [role=status]", has_text="Python restarted").wait_for()
-        allowed(page, "run python: print('answer' in globals())")
-        result = page.locator(".tool-result pre", has_text=re.compile(r"^\s*False\b")).last
-        result.wait_for()
-        assert "A new python session started" in result.inner_text()
-        assert page.evaluate("document.documentElement.scrollWidth") <= width
-    finally:
-        context.close()
+    page.locator("#python-restart").click()
+    page.locator("#settings [role=status]", has_text="Python restarted").wait_for()
+    allowed(page, "run python: print('answer' in globals())")
+    result = page.locator(".tool-result pre", has_text=re.compile(r"^\s*False\b")).last
+    result.wait_for()
+    assert "A new python session started" in result.inner_text()
+    assert page.evaluate("document.documentElement.scrollWidth") <= width

@@ -23,14 +23,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # ORM checks beside Playwright's loop
 
 
-def test_edit_a_python_call_then_it_runs_as_edited(page, studio_server, member, artifacts):
+@pytest.mark.parametrize("width", [390, 1024, 1280])
+def test_edit_a_python_call_then_it_runs_as_edited(sized, studio_server, member, artifacts, width):
+    page = sized
     start_chat(page, studio_server)
     card = card_for(page, "run python: print(6 * 7)")
     card.locator("summary", has_text="Edit").click()
     editor = card.locator("textarea[name='arg.code']")
     assert editor.input_value() == "print(6 * 7)"
     editor.fill("print(6 * 9)\nprint('edited')")
-    page.screenshot(path=str(artifacts / "30-edit-open.png"))
+    page.screenshot(path=str(artifacts / f"30-edit-open-{width}.png"))
     card.locator("button", has_text="Allow with edits").click()
 
     result = page.locator(".tool-result pre", has_text=re.compile(r"^54\nedited$", re.M))
@@ -40,8 +42,14 @@ def test_edit_a_python_call_then_it_runs_as_edited(page, studio_server, member, 
     assert decided.locator(".badge").inner_text() == "Allowed with edits"
     assert decided.locator(".diff-del").all_inner_texts() == ["-print(6 * 7)"]
     assert decided.locator(".diff-add").all_inner_texts() == ["+print(6 * 9)", "+print('edited')"]
+    # One line per line: no blank line between the - and + lines (issue 37).
+    assert decided.locator("pre.diff").inner_text().split("\n") == [
+        "-print(6 * 7)", "+print(6 * 9)", "+print('edited')",
+    ]  # fmt: skip
+    box = decided.bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= width
     assert result.inner_text().startswith("(The user edited the arguments")
-    page.screenshot(path=str(artifacts / "31-edited-output.png"), full_page=True)
+    page.screenshot(path=str(artifacts / f"31-edited-output-{width}.png"), full_page=True)
 
 
 def test_an_edit_that_breaks_the_schema_is_refused_with_the_reason(page, studio_server, member):

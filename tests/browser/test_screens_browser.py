@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.browser.ui import TIMEOUT, card_for, login, new_chat, run_finished
+from tests.browser.ui import card_for, login, new_chat, run_finished
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -19,16 +19,6 @@ WIDTHS = [390, 1024, 1280]
 
 def fits(page, width: int) -> None:
     assert page.evaluate("document.documentElement.scrollWidth") <= width
-
-
-@pytest.fixture
-def sized(browser, request):
-    """A page of the parametrized width, closed after."""
-    width = request.node.callspec.params["width"]
-    context = browser.new_context(viewport={"width": width, "height": 850})
-    context.set_default_timeout(TIMEOUT)
-    yield context.new_page()
-    context.close()
 
 
 @pytest.mark.parametrize("width", WIDTHS)

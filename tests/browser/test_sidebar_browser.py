@@ -54,73 +54,68 @@ def no_sideways_scroll(page, width: int) -> None:
 
 @pytest.mark.parametrize("width", [390, 1024, 1280])
 def test_switch_search_rename_archive_and_delete_from_the_sidebar(
-    browser, studio_server, member, width
+    sized, studio_server, member, width
 ):
     notes = make_conversation(member, title="Alpha notes")
     zoo = make_conversation(member, title="Animals")
     Message.objects.create(conversation=zoo, role="user", content="Tell me about the zebra")
-    context = browser.new_context(viewport={"width": width, "height": 800})
-    context.set_default_timeout(TIMEOUT)
-    page = context.new_page()
-    try:
-        login(page, studio_server)
-        page.goto(studio_server.url + notes.get_absolute_url())
-        page.wait_for_selector("#conn-state[data-state=online]")
-        open_sidebar(page, width)
-        no_sideways_scroll(page, width)
-        current = item(page, "Alpha notes").locator("a")
-        assert current.get_attribute("aria-current") == "page"
+    page = sized
+    login(page, studio_server)
+    page.goto(studio_server.url + notes.get_absolute_url())
+    page.wait_for_selector("#conn-state[data-state=online]")
+    open_sidebar(page, width)
+    no_sideways_scroll(page, width)
+    current = item(page, "Alpha notes").locator("a")
+    assert current.get_attribute("aria-current") == "page"
 
-        # Search reads messages too, while typing.
-        page.fill("#conversation-search", "zeb")
-        page.wait_for_function(
-            "document.querySelectorAll('#conversation-list li[data-conversation]').length === 1"
-        )
-        assert item(page, "Animals").count() == 1
+    # Search reads messages too, while typing.
+    page.fill("#conversation-search", "zeb")
+    page.wait_for_function(
+        "document.querySelectorAll('#conversation-list li[data-conversation]').length === 1"
+    )
+    assert item(page, "Animals").count() == 1
 
-        # One click away: the other chat.
-        item(page, "Animals").locator("a").click()
-        page.wait_for_url(re.compile(rf".*/c/{zoo.pk}/$"))
-        page.wait_for_selector("#conn-state[data-state=online]")
+    # One click away: the other chat.
+    item(page, "Animals").locator("a").click()
+    page.wait_for_url(re.compile(rf".*/c/{zoo.pk}/$"))
+    page.wait_for_selector("#conn-state[data-state=online]")
 
-        # Rename the chat on screen: the list and its heading follow.
-        open_sidebar(page, width)
-        row = item(page, "Animals")
-        row.locator("summary").click()
-        row.locator("input[name=title]").fill("   ")
-        row.locator("button", has_text="Rename").click()
-        row.locator(".form-error", has_text="Give the chat a name.").wait_for()
-        assert Conversation.objects.get(pk=zoo.pk).title == "Animals"
-        row.locator("input[name=title]").fill("Zoo trip")
-        row.locator("button", has_text="Rename").click()
-        page.locator("#conversation-title", has_text="Zoo trip").wait_for()
-        item(page, "Zoo trip").wait_for()
+    # Rename the chat on screen: the list and its heading follow.
+    open_sidebar(page, width)
+    row = item(page, "Animals")
+    row.locator("summary").click()
+    row.locator("input[name=title]").fill("   ")
+    row.locator("button", has_text="Rename").click()
+    row.locator(".form-error", has_text="Give the chat a name.").wait_for()
+    assert Conversation.objects.get(pk=zoo.pk).title == "Animals"
+    row.locator("input[name=title]").fill("Zoo trip")
+    row.locator("button", has_text="Rename").click()
+    page.locator("#conversation-title", has_text="Zoo trip").wait_for()
+    item(page, "Zoo trip").wait_for()
 
-        # Archive the other one; it shows again under Archived.
-        row = item(page, "Alpha notes")
-        row.locator("summary").click()
-        row.locator("button", has_text="Archive").click()
-        row.wait_for(state="detached")
-        page.locator("#sidebar-search input[name=archived]").check()
-        item(page, "Alpha notes").wait_for()
-        assert item(page, "Zoo trip").count() == 0
-        page.locator("#sidebar-search input[name=archived]").uncheck()
-        item(page, "Zoo trip").wait_for()
-        no_sideways_scroll(page, width)
-        close_sidebar(page, width)
+    # Archive the other one; it shows again under Archived.
+    row = item(page, "Alpha notes")
+    row.locator("summary").click()
+    row.locator("button", has_text="Archive").click()
+    row.wait_for(state="detached")
+    page.locator("#sidebar-search input[name=archived]").check()
+    item(page, "Alpha notes").wait_for()
+    assert item(page, "Zoo trip").count() == 0
+    page.locator("#sidebar-search input[name=archived]").uncheck()
+    item(page, "Zoo trip").wait_for()
+    no_sideways_scroll(page, width)
+    close_sidebar(page, width)
 
-        # Delete the chat on screen: confirmed, then back to the list.
-        open_sidebar(page, width)
-        row = item(page, "Zoo trip")
-        row.locator("summary").click()
-        row.locator("input[name=confirm]").check()
-        row.locator("button", has_text="Delete").click()
-        page.wait_for_url(studio_server.url + "/")
-        assert "Zoo trip" not in page.inner_text("#conversation-list")
-        assert Conversation.objects.get(pk=zoo.pk).deleted_at is not None
-        assert not Message.objects.filter(conversation=zoo).exists()
-    finally:
-        context.close()
+    # Delete the chat on screen: confirmed, then back to the list.
+    open_sidebar(page, width)
+    row = item(page, "Zoo trip")
+    row.locator("summary").click()
+    row.locator("input[name=confirm]").check()
+    row.locator("button", has_text="Delete").click()
+    page.wait_for_url(studio_server.url + "/")
+    assert "Zoo trip" not in page.inner_text("#conversation-list")
+    assert Conversation.objects.get(pk=zoo.pk).deleted_at is not None
+    assert not Message.objects.filter(conversation=zoo).exists()
 
 
 @pytest.mark.parametrize("width", [390, 1024, 1280])
@@ -160,49 +155,42 @@ def test_a_waiting_marker_comes_and_goes_live(browser, studio_server, member, wi
 
 @pytest.mark.parametrize("width", [390, 1280])
 def test_regenerate_and_edit_fork_the_chat_and_gate_the_new_calls(
-    browser, studio_server, member, width
+    sized, studio_server, member, width
 ):
-    context = browser.new_context(viewport={"width": width, "height": 800})
-    context.set_default_timeout(TIMEOUT)
-    page = context.new_page()
-    try:
-        login(page, studio_server)
-        new_chat(page)
-        ask(page, "run python: print(6 * 7)")
-        card = pending_card(page)
-        card.wait_for()
-        card.locator("button[value=allow]").click()
-        page.locator(".tool-result pre", has_text=re.compile(r"^\s*42\s*$")).wait_for()
-        run_finished(page)
+    page = sized
+    login(page, studio_server)
+    new_chat(page)
+    ask(page, "run python: print(6 * 7)")
+    card = pending_card(page)
+    card.wait_for()
+    card.locator("button[value=allow]").click()
+    page.locator(".tool-result pre", has_text=re.compile(r"^\s*42\s*$")).wait_for()
+    run_finished(page)
 
-        # Regenerate: the reply folds away and the same call waits again.
-        page.locator("#regenerate-button").click()
-        card = pending_card(page)
-        card.wait_for()
-        fold = page.locator("details.earlier")
-        assert fold.count() == 1 and "Earlier version" in fold.locator("summary").inner_text()
-        assert not fold.locator(".tool-result").first.is_visible()  # folded, yet there
-        card.locator("button[value=deny]").click()
-        run_finished(page)
+    # Regenerate: the reply folds away and the same call waits again.
+    page.locator("#regenerate-button").click()
+    card = pending_card(page)
+    card.wait_for()
+    fold = page.locator("details.earlier")
+    assert fold.count() == 1 and "Earlier version" in fold.locator("summary").inner_text()
+    assert not fold.locator(".tool-result").first.is_visible()  # folded, yet there
+    card.locator("button[value=deny]").click()
+    run_finished(page)
 
-        # Edit the message: a new branch with its own gated call.
-        user_message = page.locator("#transcript > .msg-user").last
-        user_message.locator(".msg-edit summary").click()
-        user_message.locator("textarea[name=message]").fill("run python: print(2 + 3)")
-        user_message.locator("button", has_text="Send edited").click()
-        card = pending_card(page)
-        card.wait_for()
-        assert "print(2 + 3)" in card.inner_text()
-        card.locator("button[value=allow]").click()
-        page.locator(".tool-result pre", has_text=re.compile(r"^\s*5\s*$")).wait_for()
-        run_finished(page)
-        assert page.locator("#transcript > details.earlier").count() == 1  # the edit replaced all
-        assert (
-            page.locator("details.earlier details.earlier").count() == 1
-        )  # the regenerate, inside
-        page.locator("#transcript > details.earlier > summary").click()
-        page.locator("details.earlier details.earlier > summary").click()
-        page.locator("details.earlier .tool-result pre", has_text="42").wait_for()
-        no_sideways_scroll(page, width)
-    finally:
-        context.close()
+    # Edit the message: a new branch with its own gated call.
+    user_message = page.locator("#transcript > .msg-user").last
+    user_message.locator(".msg-edit summary").click()
+    user_message.locator("textarea[name=message]").fill("run python: print(2 + 3)")
+    user_message.locator("button", has_text="Send edited").click()
+    card = pending_card(page)
+    card.wait_for()
+    assert "print(2 + 3)" in card.inner_text()
+    card.locator("button[value=allow]").click()
+    page.locator(".tool-result pre", has_text=re.compile(r"^\s*5\s*$")).wait_for()
+    run_finished(page)
+    assert page.locator("#transcript > details.earlier").count() == 1  # the edit replaced all
+    assert page.locator("details.earlier details.earlier").count() == 1  # the regenerate, inside
+    page.locator("#transcript > details.earlier > summary").click()
+    page.locator("details.earlier details.earlier > summary").click()
+    page.locator("details.earlier .tool-result pre", has_text="42").wait_for()
+    no_sideways_scroll(page, width)

@@ -7,7 +7,6 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 from django.db import connection
-from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
@@ -25,13 +24,6 @@ from tests.factories import make_approval, make_conversation, make_run
 from tests.helpers.races import run_together
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def alice_client(alice) -> Client:
-    client = Client()
-    client.force_login(alice)
-    return client
 
 
 def said(conversation, text: str, role: str = Message.Role.USER) -> Message:

@@ -11,13 +11,6 @@ from tests.factories import make_approval, make_conversation
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def alice_client(alice) -> Client:
-    client = Client()
-    client.force_login(alice)
-    return client
-
-
 @pytest.mark.parametrize("name", ["chat:index"])
 def test_login_is_required(client, name):
     response = client.get(reverse(name))

@@ -25,13 +25,6 @@ def chat(alice, tmp_path, settings):
     return make_conversation(alice)
 
 
-@pytest.fixture
-def alice_client(alice) -> Client:
-    client = Client()
-    client.force_login(alice)
-    return client
-
-
 def upload(client, chat, *files, htmx=True):
     headers = {"HTTP_HX_REQUEST": "true"} if htmx else {}
     return client.post(reverse("chat:upload", args=[chat.pk]), {"files": list(files)}, **headers)
