@@ -311,6 +311,9 @@ STUDIO_WORKSPACE_QUOTA_MB = env_int("STUDIO_WORKSPACE_QUOTA_MB", 256, minimum=1)
 STUDIO_PYTHON_SESSIONS = env_bool("STUDIO_PYTHON_SESSIONS", True)
 # A session idle this long is ended (its memory freed); the next call starts afresh.
 STUDIO_PYTHON_IDLE_SECONDS = env_float("STUDIO_PYTHON_IDLE_SECONDS", 600, minimum=1)
+# At most this many sessions live in one process (each holds an interpreter's
+# memory); past it, the one idle the longest ends.
+STUDIO_PYTHON_MAX_SESSIONS = env_int("STUDIO_PYTHON_MAX_SESSIONS", 50, minimum=1)
 # A file a member uploads into a conversation's workspace, at most (each).
 STUDIO_UPLOAD_MAX_MB = env_float("STUDIO_UPLOAD_MAX_MB", 25, minimum=0.01)
 # Images a tool makes are shown inline up to this size (larger: listed).

@@ -154,6 +154,7 @@ class Sessions:
                 write_beneath(workspace, SEEN_MARK, [b""])
             with self.lock:
                 self.sessions[workspace] = session
+            self._make_room()
             self._reap_later()
         with session.lock:
             result, ended = self._call(session, code, timeout=timeout, cancel=cancel)
@@ -262,6 +263,17 @@ class Sessions:
             sessions, self.sessions = list(self.sessions.values()), {}
         for session in sessions:
             session.close()
+
+    def _make_room(self) -> None:
+        """Past STUDIO_PYTHON_MAX_SESSIONS, end the sessions idle the longest."""
+        with self.lock:
+            idle = sorted(
+                (s for s in self.sessions.values() if not s.lock.locked()),
+                key=lambda s: s.last_used,
+            )
+            over = len(self.sessions) - settings.STUDIO_PYTHON_MAX_SESSIONS
+        for session in idle[: max(0, over)]:
+            self.end(session.workspace, session)
 
     def end_reset(self) -> int:
         """End the sessions held here whose conversation was reset (from a thread

@@ -189,3 +189,15 @@ def test_stop_on_a_waiting_run_ends_its_conversations_session(chat, alice):
     until(lambda: not alive(pid))
     assert SESSIONS.held() == 0
     assert Conversation.objects.get(pk=chat.pk).python_reset_at is not None
+
+
+def test_past_the_cap_the_session_idle_longest_ends(alice, settings):
+    settings.STUDIO_PYTHON_SESSIONS = True
+    settings.STUDIO_PYTHON_MAX_SESSIONS = 2
+    chats = [make_conversation(alice) for _ in range(3)]
+    for chat in chats:
+        shutil.rmtree(chat.workspace, ignore_errors=True)
+        python("x = 1", chat)
+    assert SESSIONS.held() == 2
+    assert chats[0].workspace not in SESSIONS.sessions  # the oldest went
+    assert python("print('x' in globals())", chats[1]).text == "True\n"
