@@ -11,15 +11,13 @@ workspace's own descriptor, and an upload replaces a name with ``rename``
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import PurePosixPath
 
 from django.conf import settings
 
 from chat.models import Conversation
-from chat.tools.images import human_size
+from chat.tools.images import human_size, open_beneath
 from chat.tools.sandbox import MB, prepare_workspace, workspace_usage, write_beneath
 
 # The listing stops here: a tool that made a million files costs a bounded look.
@@ -168,28 +166,7 @@ def workspace_save(conversation: Conversation, name: str, chunks, size: int) -> 
 def workspace_open(conversation: Conversation, name: str):
     """(open binary file, size) of the regular file ``name`` in the workspace,
     reached without following any symlink; None for anything else."""
-    path = PurePosixPath(name)
-    parts = path.parts
-    if not parts or path.is_absolute() or any(p in ("", ".", "..") for p in parts):
+    fd = open_beneath(conversation.workspace, name)
+    if fd is None:
         return None
-    if "\x00" in name:
-        return None
-    fds: list[int] = []
-    try:
-        fds.append(os.open(conversation.workspace, _FLAGS | os.O_DIRECTORY))
-        for folder in parts[:-1]:
-            fds.append(os.open(folder, _FLAGS | os.O_DIRECTORY, dir_fd=fds[-1]))
-        # O_NONBLOCK: a FIFO named like a file must not hang the request.
-        fd = os.open(parts[-1], _FLAGS | os.O_NONBLOCK, dir_fd=fds[-1])
-    except OSError:
-        for opened in fds:
-            os.close(opened)
-        return None
-    for opened in fds:
-        os.close(opened)
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        return None
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb"), info.st_size
+    return os.fdopen(fd, "rb"), os.fstat(fd).st_size

@@ -128,28 +128,48 @@ def storage_name(folder: str, key: str) -> str:
     return f"{STORAGE_DIR}/{folder}/{key}"
 
 
-def read_beneath(root: Path, name: str, *, limit: int) -> bytes | None:
-    """The bytes of the regular file ``name`` under ``root``, never through a link.
+def open_beneath(root: Path, name: str) -> int | None:
+    """A descriptor of the regular file ``name`` under ``root``, reached without
+    following any link; None for anything else. The caller closes it.
 
     Each path component is opened relative to the one before it with
     ``O_NOFOLLOW``, so a tool that swaps a folder for a symlink meanwhile
-    makes the open fail instead of leading it out of the workspace. None for
-    anything odd, or a file over ``limit`` bytes.
+    makes the open fail instead of leading it out of the workspace.
     """
-    parts = PurePosixPath(name).parts
-    if not parts or any(p in ("", ".", "..") for p in parts) or PurePosixPath(name).is_absolute():
+    path = PurePosixPath(name)
+    parts = path.parts
+    if not parts or path.is_absolute() or any(p in ("", ".", "..") for p in parts):
+        return None
+    if "\x00" in name:
         return None
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fds = []
+    folders: list[int] = []
     try:
-        fds.append(os.open(root, flags | os.O_DIRECTORY))
+        folders.append(os.open(root, flags | os.O_DIRECTORY))
         for folder in parts[:-1]:
-            fds.append(os.open(folder, flags | os.O_DIRECTORY, dir_fd=fds[-1]))
-        # O_NONBLOCK: a FIFO named like an image must not hang the run.
-        fd = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fds[-1])
-        fds.append(fd)
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            folders.append(os.open(folder, flags | os.O_DIRECTORY, dir_fd=folders[-1]))
+        # O_NONBLOCK: a FIFO named like a file must not hang the open.
+        fd = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=folders[-1])
+    except OSError:
+        return None
+    finally:
+        for folder in reversed(folders):
+            os.close(folder)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_beneath(root: Path, name: str, *, limit: int) -> bytes | None:
+    """The bytes of the regular file ``name`` under ``root``, never through a
+    link (``open_beneath``); None for anything odd, or a file over ``limit`` bytes."""
+    fd = open_beneath(root, name)
+    if fd is None:
+        return None
+    try:
+        if os.fstat(fd).st_size > limit:
             return None
         chunks, total = [], 0
         while chunk := os.read(fd, 1 << 16):
@@ -161,8 +181,7 @@ def read_beneath(root: Path, name: str, *, limit: int) -> bytes | None:
     except OSError:
         return None
     finally:
-        for fd in reversed(fds):
-            os.close(fd)
+        os.close(fd)
 
 
 def notice_for(images: list[Produced]) -> str:
