@@ -169,9 +169,9 @@ def title(conversation_title: str) -> str:
 
 
 def files_panel(conversation: Conversation, request=None, *, oob=False, saved=()) -> str:
-    """The workspace's files with their upload form (``saved``: just uploaded)."""
+    """The workspace's list of files (``saved``: just uploaded), never its upload form."""
     context = {**files_context(conversation), "oob": oob, "saved": saved}
-    return render_to_string("chat/_files.html", context, request=request)
+    return render_to_string("chat/_file_list.html", context, request=request)
 
 
 def files_context(conversation: Conversation) -> dict:
@@ -205,7 +205,6 @@ def settings_context(conversation: Conversation) -> dict:
         "mcp_servers": panel(conversation),
         "rules": mine,
         "team_rules": team,
-        **files_context(conversation),
         "python_sessions": settings.STUDIO_PYTHON_SESSIONS,
         "python_idle": _duration(settings.STUDIO_PYTHON_IDLE_SECONDS),
         "models": LanguageModel.objects.filter(enabled=True).only("pk", "name"),
@@ -258,6 +257,7 @@ def page_context(conversation: Conversation) -> dict:
     """Everything ``chat/conversation.html`` shows."""
     running = Run.objects.running().filter(conversation=conversation).exists()
     return {
+        **files_context(conversation),
         **list_context({}, conversation.owner, current=conversation.pk),
         **settings_context(conversation),
         "items": transcript_items(conversation),

@@ -426,6 +426,14 @@
   document.addEventListener("htmx:responseError", formRefused);
   document.addEventListener("htmx:sendError", formRefused);
 
+  // An upload that landed leaves its form empty for the next one.
+  document.addEventListener("htmx:afterRequest", function (evt) {
+    var form = evt.detail.elt;
+    if (evt.detail.successful && form && form.classList && form.classList.contains("upload-form")) {
+      form.reset();
+    }
+  });
+
   function afterLiveUpdate() { syncTitle(); tidyInbox(); notifyNewCard(); }
   document.addEventListener("htmx:wsAfterMessage", afterLiveUpdate);
   document.addEventListener("htmx:afterSettle", afterLiveUpdate);

@@ -32,6 +32,10 @@ def test_upload_read_it_in_python_and_download_what_it_made(
     login(page, studio_server)
     new_chat(page)
     page.set_input_files("#upload-files", str(data))
+    # The settings panel redrawn meanwhile (here by a change; a socket's
+    # reconnect does it too) keeps the file chosen.
+    with page.expect_response(lambda r: "/settings/" in r.url):
+        page.locator("#settings input[value=web_fetch]").uncheck()
     page.locator(".upload-form button", has_text="Upload").click()
     page.locator(".uploaded", has_text="Uploaded sales.csv.").wait_for()
     page.locator(".files a", has_text="sales.csv").wait_for()
