@@ -130,9 +130,12 @@ def run_edit(*, conversation_id: int, user, message_id: int, text: str) -> Launc
 def _launch(
     conversation_id: int, user, text: str | None, *, fork_from: int | None = None
 ) -> Launch:
+    """Start a run here, or (in a process that steps no runs: a WSGI worker, a
+    command) hand it to a serving process through the shared channel."""
     rt = runtime()
-    if not rt.serving:
+    if rt.stopping:
         return Launch(ok=False, reason="down")
+    serving = rt.serving
     run_id = str(uuid.uuid4())
     try:
         run, first = run_create(
@@ -140,7 +143,7 @@ def _launch(
             conversation_id=conversation_id,
             user=user,
             text=text,
-            owner=rt.inbox.name,
+            owner=rt.inbox.name if serving else "",
             fork_from=fork_from,
         )
     except RunBusy:
@@ -149,6 +152,9 @@ def _launch(
         return Launch(ok=False, reason="gone")
     except ForkRefused:
         return Launch(ok=False, reason="moved")
+    if not serving:
+        run_wake([run_id])  # were the message lost, a sweep finds the run
+        return Launch(ok=True, run_id=run_id)
     if fork_from is not None:
         # Every tab redraws the chat with the old branch folded (and the edited
         # message) before the run's first fragment, which goes the same way.
@@ -231,6 +237,7 @@ def _drive(rt: Runtime, run_id: str, *, launched: tuple | None = None) -> None:
             if launched is not None:
                 runs_abandon(run_ids=[run_id], owner=owner)  # another process starts it
             return
+        redraw = False
         if launched is not None:
             run, first = launched
             resumed = False
@@ -240,10 +247,12 @@ def _drive(rt: Runtime, run_id: str, *, launched: tuple | None = None) -> None:
             if claim is None:
                 return  # someone else steps it, it ended, or it cannot go on yet
             run, first, resumed = claim.run, None, claim.resumed
-            announce = False
+            # A run handed over at its start: this step announces it, and the
+            # tabs redraw the chat with its message (or its fork) in it.
+            redraw = announce = claim.started
         ids = {"run_id": run_id, "conversation_id": run.conversation_id}
         with log_context(**ids, user_id=run.started_by_id):
-            _step_until_it_waits(rt, run, first, resumed, announce)
+            _step_until_it_waits(rt, run, first, resumed, announce, redraw=redraw)
     except Exception:
         logger.exception("run %s: driver failed", run_id)
     finally:
@@ -251,7 +260,13 @@ def _drive(rt: Runtime, run_id: str, *, launched: tuple | None = None) -> None:
 
 
 def _step_until_it_waits(
-    rt: Runtime, run: Run, first: Message | None, resumed: bool, announce: bool
+    rt: Runtime,
+    run: Run,
+    first: Message | None,
+    resumed: bool,
+    announce: bool,
+    *,
+    redraw: bool = False,
 ) -> None:
     """Step the claimed run, again while a decision lands as it lets go; then let it go."""
     run_id, owner = str(run.pk), rt.inbox.name
@@ -262,7 +277,9 @@ def _step_until_it_waits(
         with rt.lock:
             rt.runs[run_id] = local
         try:
-            waiting_on = Stepper(local, run, first=first, resumed=resumed, announce=announce).step()
+            waiting_on = Stepper(
+                local, run, first=first, resumed=resumed, announce=announce, redraw=redraw
+            ).step()
         finally:
             with rt.lock:
                 rt.runs.pop(run_id, None)
@@ -276,7 +293,7 @@ def _step_until_it_waits(
         claim = run_claim(run_id=run_id, owner=owner)
         if claim is None:
             return
-        run, first, resumed, announce = claim.run, None, False, False
+        run, first, resumed, announce, redraw = claim.run, None, False, False, False
 
 
 class Stepper:
@@ -290,10 +307,13 @@ class Stepper:
         first: Message | None = None,
         resumed: bool = False,
         announce: bool = False,
+        redraw: bool = False,
     ) -> None:
         self.local = local
         self.run = run
         self.first = first
+        # The tabs redraw the whole chat first (a run started by another process).
+        self.redraw = redraw
         self.resumed = resumed
         # Tell the tabs the run goes (a new run, or one taken over).
         self.announce = announce or resumed
@@ -305,7 +325,9 @@ class Stepper:
         """Step until a call waits (returns its approval id) or the run ends (None)."""
         conversation = self.run.conversation
         publisher = self.publisher = Publisher(conversation, self.run)
-        if self.first is not None:
+        if self.redraw:
+            publisher.send(render.transcript(conversation) + render.title(conversation.title))
+        elif self.first is not None:
             publisher.send(render.appended(render.message(MessageView.of(self.first))))
             # The first message names the conversation; every open tab shows it.
             publisher.send(render.title(conversation.title))

@@ -150,6 +150,9 @@ class Run(models.Model):
     stop_requested = models.BooleanField(default=False)
     # Times a process took the run over from one that stopped or died.
     resumes = models.PositiveIntegerField(default=0)
+    # Started by a process that steps no runs (a WSGI worker): the first
+    # serving process to claim it starts it, as new, not as taken over.
+    handed_over = models.BooleanField(default=False)
     started_at = models.DateTimeField(auto_now_add=True)
     heartbeat_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)

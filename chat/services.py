@@ -308,7 +308,12 @@ def run_create(
             # The owner as read here, not ``user``: a view's ``request.user``
             # is a lazy object that holds its whole request.
             run = Run.objects.create(
-                id=run_id, conversation=conversation, started_by=conversation.owner, owner=owner
+                id=run_id,
+                conversation=conversation,
+                started_by=conversation.owner,
+                owner=owner,
+                # No owner: a process that steps no runs hands it to one that does.
+                handed_over=not owner,
             )
             if fork_from is not None:
                 _supersede_from(conversation, fork_from)
@@ -409,6 +414,8 @@ class Claim:
     run: Run
     # Taken over from a process that exited or died (not woken by a decision).
     resumed: bool
+    # Its first step: handed over by the process that started it (run_create).
+    started: bool = False
 
 
 def run_claim(*, run_id: str, owner: str) -> Claim | None:
@@ -435,7 +442,8 @@ def run_claim(*, run_id: str, owner: str) -> Claim | None:
     stale = run.heartbeat_at < now - timedelta(seconds=settings.STUDIO_RUN_STALE_SECONDS)
     if run.owner and not stale:
         return None  # being stepped
-    resumed = bool(run.owner) or not run.waiting_on
+    started = run.handed_over and not run.owner
+    resumed = bool(run.owner) or (not run.waiting_on and not started)
     claimable = Run.objects.filter(
         pk=run.pk, status=Run.Status.RUNNING, owner=run.owner, heartbeat_at=run.heartbeat_at
     )
@@ -445,14 +453,18 @@ def run_claim(*, run_id: str, owner: str) -> Claim | None:
             Exists(ToolApproval.objects.pending().filter(approval_id=OuterRef("waiting_on")))
         )
     won = claimable.update(
-        owner=owner, waiting_on="", heartbeat_at=now, resumes=F("resumes") + int(resumed)
+        owner=owner,
+        waiting_on="",
+        heartbeat_at=now,
+        handed_over=False,
+        resumes=F("resumes") + int(resumed),
     )
     if not won:
         return None
     if resumed:
         logger.info("run %s resumed here (it was %s)", run.pk, run.owner or "left by its process")
-    run.owner, run.waiting_on, run.heartbeat_at = owner, "", now
-    return Claim(run=run, resumed=resumed)
+    run.owner, run.waiting_on, run.heartbeat_at, run.handed_over = owner, "", now, False
+    return Claim(run=run, resumed=resumed, started=started)
 
 
 def approval_pending(approval_id: str) -> bool:

@@ -73,3 +73,17 @@ def test_a_release_by_a_process_that_lost_the_run_changes_nothing(conversation, 
 def test_a_run_id_that_is_no_run_of_ours_claims_nothing():
     assert run_claim(run_id="not-a-uuid", owner="process-a") is None
     assert run_claim(run_id="", owner="process-a") is None
+
+
+def test_a_run_handed_over_at_its_start_is_claimed_as_started_not_resumed(conversation, alice):
+    """A process that serves no loop (a WSGI worker) makes the run with no owner."""
+    run = new_run(conversation, alice, 1, owner="")
+    assert Run.objects.get(pk=run.pk).handed_over
+    claim = run_claim(run_id=str(run.pk), owner="process-a")
+    assert claim is not None and claim.started and not claim.resumed
+    stored = Run.objects.get(pk=run.pk)
+    assert (stored.owner, stored.handed_over, stored.resumes) == ("process-a", False, 0)
+    # Left again by an exiting process, the same run is taken over, not started.
+    Run.objects.filter(pk=run.pk).update(owner="")
+    claim = run_claim(run_id=str(run.pk), owner="process-b")
+    assert claim is not None and claim.resumed and not claim.started

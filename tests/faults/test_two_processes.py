@@ -256,3 +256,36 @@ def test_a_decision_made_outside_any_server_hands_the_run_over(
             child.kill()
             tab.close()
     assert run_of(conversation).status == "done"
+
+
+def test_a_message_sent_outside_any_server_is_handed_over_and_started(
+    redis_server, workspace_root, tmp_path, conversation, alice
+):
+    """Issue 36: the WSGI layout's no-script send. A process that serves no loop
+    saves the message and hands the run over; a server starts it as new (its
+    message shown, no "restarted" notice), long before any sweep."""
+    env = {**cluster_env(redis_server.url, workspace_root), "STUDIO_APPROVAL_POLL_SECONDS": "300"}
+    session = session_cookie(alice)
+    with two_servers(tmp_path, **env) as (a, b):
+        tab = Tab(a.ws_url, conversation.pk, session, origin=a.url)
+        tab.until('id="transcript"')
+        mark = tab.mark()
+        child = spawn(
+            "launch_proc.py", str(conversation.pk), alice.username, "run python: print(6 * 7)",
+            REDIS_URL=redis_server.url,
+        )  # fmt: skip
+        try:
+            assert read_line(child, BOUND).strip() == "ready"
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert '"ok": true' in read_line(child, BOUND)
+            frames = tab.until('data-status="pending"', since=mark)
+            assert "run python: print(6 * 7)" in frames and "restarted" not in frames
+            approval_id = APPROVAL_ID.findall(frames)[-1]
+        finally:
+            child.kill()
+            tab.close()
+        run = run_of(conversation)
+        assert (run.resumes, run.handed_over) == (0, False)
+        decide_and_see(b, session, conversation, approval_id, '<pre class="output">42')
+    assert run_of(conversation).status == "done"
