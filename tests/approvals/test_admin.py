@@ -141,7 +141,11 @@ def test_csv_export(staff_client, rows):
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/csv")
     table = list(csv.DictReader(io.StringIO(response.content.decode())))
-    assert {r["approval_id"] for r in table} == {allowed.approval_id, denied.approval_id}
+    # An id may start with "-" (URL-safe base64): then its cell is neutralised too.
+    expected = {
+        ("'" if a.startswith("-") else "") + a for a in (allowed.approval_id, denied.approval_id)
+    }
+    assert {r["approval_id"] for r in table} == expected
     by_tool = {r["tool_name"]: r for r in table}
     assert by_tool["terminal"]["arguments"] == '{"command": "rm -rf /tmp/x"}'
     assert by_tool["terminal"]["decided_by"] == "bob"
