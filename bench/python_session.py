@@ -33,6 +33,21 @@ def timed(tool, code: str, workspace: Path) -> float:
     return elapsed * 1000
 
 
+def session_memory(sessions) -> list[int]:
+    """Each live session's memory as its cgroup counts it (interpreter, sandbox, page cache)."""
+    found = []
+    for session in sessions.sessions.values():
+        cgroup = session.prepared.cgroup
+        if cgroup is None:
+            continue
+        for name in ("memory.current", "memory.usage_in_bytes"):  # cgroup v2, v1
+            counter = cgroup.dirs[0] / name
+            if counter.exists():
+                found.append(int(counter.read_text()))
+                break
+    return found
+
+
 def summary(samples: list[float]) -> str:
     ordered = sorted(samples)
     p95 = ordered[int(0.95 * (len(ordered) - 1))]
@@ -65,6 +80,7 @@ def main() -> None:
         if round_ < 5:
             starts.append(timed(builtin_tools()["python"], code, workspace))  # starts it
         warm.append(timed(builtin_tools()["python"], code, workspace))
+    memory = session_memory(SESSIONS)
     SESSIONS.end_all()
     shutil.rmtree(root, ignore_errors=True)
     print(f"cold sandboxed call  {summary(cold)}  ({len(cold)} calls)")
@@ -72,6 +88,11 @@ def main() -> None:
     print(f"session, later calls {summary(warm)}  ({len(warm)} calls)")
     ratio = statistics.median(cold) / statistics.median(warm)
     print(f"later call vs cold call: {ratio:.1f}x sooner (median to median)")
+    if memory:
+        print(
+            f"memory of an idle session (as its cgroup counts it): median "
+            f"{statistics.median(memory) / 2**20:.1f} MiB over {len(memory)} sessions"
+        )
 
 
 if __name__ == "__main__":
