@@ -31,6 +31,10 @@ from studio.sessions import session_digest
 logger = logging.getLogger(__name__)
 
 TITLE_LENGTH = 60
+TITLE_MAX = 200
+# Sidebar search: at most this many words, each matched as a word's start.
+SEARCH_WORDS = 8
+SIDEBAR_LENGTH = 100
 
 
 class RunBusy(Exception):
@@ -61,12 +65,6 @@ def conversation_start(*, owner, title: str = "New chat") -> Conversation:
     blank.archived_at = None
     blank.save(update_fields=["title", "archived_at", "updated_at"])  # to the top of the list
     return blank
-
-
-TITLE_MAX = 200
-# Sidebar search: at most this many words, each matched as a word's start.
-SEARCH_WORDS = 8
-SIDEBAR_LENGTH = 100
 
 
 class ConversationRefused(Exception):

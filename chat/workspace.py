@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 from django.conf import settings
 
@@ -117,10 +118,10 @@ def workspace_upload(conversation: Conversation, uploads) -> list[WorkspaceFile]
         raise UploadRefused("Two of those files have the same name.")
     for name, upload in zip(names, uploads, strict=True):
         _fits_alone(name, upload.size)
-    total = sum(upload.size for upload in uploads)
-    _fits_in(conversation, "Those files", total)
+    workspace = prepare_workspace(conversation.workspace)
+    _fits_in(conversation, "Those files", sum(upload.size for upload in uploads))
     return [
-        workspace_save(conversation, name, upload.chunks(), upload.size)
+        _save(workspace, name, upload.chunks(), upload.size)
         for name, upload in zip(names, uploads, strict=True)
     ]
 
@@ -143,13 +144,9 @@ def _fits_in(conversation: Conversation, what: str, size: int) -> None:
         )
 
 
-def workspace_save(conversation: Conversation, name: str, chunks, size: int) -> WorkspaceFile:
-    """Write an upload into the workspace's top folder under ``name``,
+def _save(workspace: Path, name: str, chunks, size: int) -> WorkspaceFile:
+    """Write a checked upload into the workspace's top folder under ``name``,
     replacing a file (or a symlink) of that name; the tools' uid owns it."""
-    name = clean_upload_name(name)
-    _fits_alone(name, size)
-    workspace = prepare_workspace(conversation.workspace)
-    _fits_in(conversation, name, size)
 
     def bounded():
         written = 0

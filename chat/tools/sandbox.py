@@ -691,7 +691,13 @@ def run_tool(argv: list[str], *, workspace: Path, **kwargs) -> ToolResult:
         ran = run_sandboxed(argv, workspace=workspace, **kwargs)
     except SandboxUnavailable as exc:
         return ToolResult(str(exc), ok=False)
-    result = ran.as_result(timeout=kwargs["timeout"])
+    return tool_result(ran, workspace=workspace, before=before, timeout=kwargs["timeout"])
+
+
+def tool_result(ran: SandboxResult, *, workspace: Path, before: dict, timeout: float) -> ToolResult:
+    """What a call gave back, with the images it made (since ``before``, a
+    ``snapshot``) and, for a cut output, the workspace file holding all of it."""
+    result = ran.as_result(timeout=timeout)
     made = keep(workspace, produced(workspace, before))
     files = tuple(image.as_dict() for image in made)
     text = result.text + notice_for(made)
@@ -701,8 +707,6 @@ def run_tool(argv: list[str], *, workspace: Path, **kwargs) -> ToolResult:
         if kept is not None:
             files += (kept,)
             text += f"\n[The whole output is in the workspace as {kept['name']}.]"
-    if not files:
-        return result
     return ToolResult(text, ok=result.ok, images=files)
 
 

@@ -33,7 +33,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from chat.tools.base import ToolResult
-from chat.tools.images import keep, notice_for, produced, snapshot
+from chat.tools.images import snapshot
 from chat.tools.sandbox import (
     OutputSink,
     Prepared,
@@ -42,9 +42,9 @@ from chat.tools.sandbox import (
     SandboxUnavailable,
     clean_env,
     default_limits,
-    keep_whole_output,
     kill_session,
     prepare,
+    tool_result,
     watch,
     write_beneath,
 )
@@ -236,17 +236,8 @@ class Sessions:
             quota_bytes=limits.workspace_bytes,
         )
         session.last_used = time.monotonic()
-        result = ran.as_result(timeout=timeout)
-        made = keep(session.workspace, produced(session.workspace, before))
-        files = tuple(image.as_dict() for image in made)
-        text = result.text + notice_for(made)
-        if ran.whole is not None:
-            with ran.whole:
-                whole = keep_whole_output(session.workspace, ran.whole)
-            if whole is not None:
-                files += (whole,)
-                text += f"\n[The whole output is in the workspace as {whole['name']}.]"
-        return ToolResult(text, ok=result.ok, images=files), ended
+        result = tool_result(ran, workspace=session.workspace, before=before, timeout=timeout)
+        return result, ended
 
     def end(self, workspace: Path, session: Session | None = None) -> bool:
         """End the workspace's session here (``session``: only if it is that one)."""
