@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -15,7 +16,7 @@ from django.utils import timezone
 from chat.models import Conversation
 from chat.services import python_sessions_reset
 from chat.tools import builtin_tools
-from chat.tools.sessions import ENDED_TEXT, FRESH_TEXT, SESSIONS
+from chat.tools.sessions import ENDED_TEXT, FRESH_TEXT, SEEN_MARK, SESSIONS
 from studio.cancel import CancelToken
 from tests.factories import make_conversation
 
@@ -23,6 +24,15 @@ pytestmark = [pytest.mark.usefixtures("root_sandbox"), pytest.mark.django_db]
 
 TIMEOUT = 10.0
 BOUND = 10.0
+
+
+@pytest.fixture(autouse=True)
+def _no_session_marks_left(settings):
+    """Rolled-back tests reuse primary keys, so a later test's conversation-N
+    would find this one's session mark and be told of a "new session"."""
+    yield
+    for mark in Path(settings.STUDIO_WORKSPACE_ROOT).glob(f"conversation-*/{SEEN_MARK}"):
+        shutil.rmtree(mark.parent, ignore_errors=True)
 
 
 @pytest.fixture
