@@ -29,6 +29,7 @@ class BenchModel:
     """``echo X`` -> one echo call; ``stream N`` -> N tokens; after a tool: "ok"."""
 
     name = "bench"
+    label = "bench"
 
     def stream(self, messages, tools, *, cancel):
         last = messages[-1]
@@ -55,4 +56,9 @@ class BenchModel:
         yield TurnEnd(content="", tool_calls=[ToolCall(new_call_id(), "echo", {"text": argument})])
 
 
-chat.engine.get_model = BenchModel
+def bench_model(choice: str = "") -> BenchModel:
+    """Every conversation's model, whatever was picked."""
+    return BenchModel()
+
+
+chat.engine.get_model = bench_model

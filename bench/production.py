@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
@@ -112,6 +113,7 @@ class Load:
     def __init__(self) -> None:
         self.latencies: list[float] = []
         self.sent: list[float] = []  # when each timed decision was sent (monotonic)
+        self.answered: list[float] = []  # each timed decision's POST response time
         self.caught_up = 0  # results seen only in a reconnected socket's catch-up
         self.errors: list[str] = []
         self.decided: list[int] = []  # conversation ids whose decision got a 200
@@ -119,9 +121,11 @@ class Load:
         self.stream_seconds = 0.0
 
 
-async def decisions(proxy, members, approvals, args, load: Load, stop_at: float) -> None:
+async def decisions(
+    proxy, members, first_sockets, approvals, args, load: Load, stop_at: float
+) -> None:
     """Decisions at ``args.rate`` per second, each on a conversation whose member
-    has its socket open on it."""
+    has its socket open on it (``first_sockets``: each member's first, open already)."""
     tickets: asyncio.Queue = asyncio.Queue()
 
     async def pace() -> None:
@@ -134,11 +138,12 @@ async def decisions(proxy, members, approvals, args, load: Load, stop_at: float)
         for _ in members:
             tickets.put_nowait(None)
 
-    async def member(session: str, csrf: str, conversations: list[int]) -> None:
+    async def member(session: str, csrf: str, conversations: list[int], ws) -> None:
         headers = {**harness.member_headers(session, csrf), "Origin": proxy.url}
         async with httpx.AsyncClient(base_url=proxy.url, verify=proxy.ssl, timeout=30) as http:
-            for cid in conversations:
-                ws, _ = await open_socket(proxy, session, cid, stop_at + 60)
+            for n, cid in enumerate(conversations):
+                if n:
+                    ws, _ = await open_socket(proxy, session, cid, stop_at + 60)
                 try:
                     if await tickets.get() is None:
                         return
@@ -156,10 +161,12 @@ async def decisions(proxy, members, approvals, args, load: Load, stop_at: float)
                         load.errors.append(f"POST {reply.status_code}")
                         continue
                     load.decided.append(cid)
+                    answered = time.perf_counter() - t0
                     try:
                         await until(ws, RESULT, 20)
                         load.latencies.append(time.perf_counter() - t0)
                         load.sent.append(time.monotonic())
+                        load.answered.append(answered)
                     except Exception:
                         # The socket's process restarted: a new socket's
                         # catch-up shows the result once the run has it.
@@ -175,7 +182,9 @@ async def decisions(proxy, members, approvals, args, load: Load, stop_at: float)
                     await ws.close()
 
     tasks = [asyncio.create_task(pace())]
-    tasks += [asyncio.create_task(member(*m)) for m in members]
+    tasks += [
+        asyncio.create_task(member(*m, ws)) for m, ws in zip(members, first_sockets, strict=True)
+    ]
     await asyncio.gather(*tasks)
 
 
@@ -300,23 +309,32 @@ def studio(args, work: Path, layout: str) -> dict:
 
         def restart_later() -> None:
             time.sleep(args.seconds / 2)
-            restart["seconds"] = fleet.rolling_restart()
+            if not args.no_restart:
+                restart["seconds"] = fleet.rolling_restart()
 
-        fleet.mark()
-        wsgi_cpu0 = tree_cpu(wsgi.pid) if wsgi else 0.0
-        started = time.monotonic()
-        stop_at = started + args.seconds
+        timing: dict[str, float] = {}
         restarter = threading.Thread(target=restart_later)
-        restarter.start()
 
         async def run() -> None:
+            # The members' sockets are open before the first decision: the
+            # timed window does not start with 100 handshakes at once.
+            first = await asyncio.gather(
+                *(open_socket(proxy, s, cids[0], time.monotonic() + 60) for s, _, cids in members)
+            )
+            fleet.mark()
+            timing["wsgi_cpu0"] = tree_cpu(wsgi.pid) if wsgi else 0.0
+            timing["started"] = time.monotonic()
+            stop_at = timing["started"] + args.seconds
+            restarter.start()
             await asyncio.gather(
-                decisions(proxy, members, approvals, args, load, stop_at),
+                decisions(proxy, members, [ws for ws, _ in first], approvals, args, load, stop_at),
                 streams(proxy, chats, load, stop_at, args.stream_pace),
             )
 
         asyncio.run(run())
         restarter.join()
+        started = timing["started"]
+        wsgi_cpu0 = timing["wsgi_cpu0"]
         cpu = fleet.cpu() + (tree_cpu(wsgi.pid) - wsgi_cpu0 if wsgi else 0.0)
         window = time.monotonic() - started
         # Lost: decided, and never finished with its own output.
@@ -335,13 +353,14 @@ def studio(args, work: Path, layout: str) -> dict:
         )
         # The steady part: decisions sent before the restart began, or once it
         # had ended and the sockets had come back (5 s).
-        quiet = [
-            latency
-            for latency, sent in zip(load.latencies, load.sent, strict=True)
+        steady = [
+            n
+            for n, (latency, sent) in enumerate(zip(load.latencies, load.sent, strict=True))
             if sent - latency < fleet.restart_started or sent - latency > fleet.restart_ended + 5
         ]
         return {
-            "quiet": quiet,
+            "quiet": [load.latencies[n] for n in steady],
+            "quiet_answers": [load.answered[n] for n in steady],
             "park_s": park_s,
             "load": load,
             "cpu": cpu,
@@ -407,6 +426,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20, help="decisions per second")
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--no-restart", action="store_true", help="the steady state alone")
+    parser.add_argument("--dump", type=Path, help="write each decision's timings here (JSON)")
     parser.add_argument(
         "--layouts", nargs="+", default=["daphne", "wsgi"], choices=["daphne", "wsgi"]
     )
@@ -419,6 +440,19 @@ def main() -> None:
         p = None if args.no_peer else peer(args, work)
     for layout, s in runs.items():
         report(args, layout, s)
+    if args.dump:
+        args.dump.write_text(
+            json.dumps(
+                {
+                    layout: {
+                        "sent": s["load"].sent,
+                        "latency": s["load"].latencies,
+                        "answered": s["load"].answered,
+                    }
+                    for layout, s in runs.items()
+                }
+            )
+        )
     if p is not None:
         print(
             f"Channels peer behind the same nginx, one process, {args.rate:g} approvals/s: "
@@ -445,6 +479,7 @@ def report(args, layout: str, s: dict) -> None:
         f"run twice {s['twice']}"
     )
     print(f"  outside the restart (and 5 s after it): {harness.summary_ms(s['quiet'])}")
+    print(f"    of which the POST's own response: {harness.summary_ms(s['quiet_answers'])}")
     print(
         f"  server CPU per decision (both processes, streams included): "
         f"{s['cpu'] / max(1, len(load.decided)) * 1000:.1f} ms; streams delivered "
