@@ -48,6 +48,7 @@ from chat.tools.base import ToolResult
 from chat.transcript import tool_message, transcript_build, turn_message
 from studio.cancel import CancelToken
 from studio.metrics import MODEL_REQUEST_SECONDS, MODEL_TOKENS, TOOL_CALL_SECONDS
+from studio.runtime import release_connection
 from studio.text import strip_nul, strip_nul_json
 from studio.wording import REJECTION_TEXT
 
@@ -278,6 +279,9 @@ class Agent:
         """Stream one reply; returns its ``TurnEnd``, or None when the run ended."""
         streamed: list[str] = []
         started = time.monotonic()
+        # A reply may take minutes: no pooled connection waits on it with the
+        # run (the next write takes one back).
+        release_connection()
         try:
             # A copy: the model may keep what it was sent; we keep appending.
             for chunk in self.model.stream(list(self.transcript), schemas, cancel=self.cancel):
@@ -465,6 +469,7 @@ class Agent:
         yield events.Status(f"Running {call.name}…")
         started = time.monotonic()
         self.ran_tools = True
+        release_connection()  # (as for the model: a tool may take minutes)
         result = self.toolbox.tools[call.name].execute(
             arguments,
             cancel=cancel,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 
 from approvals.models import ToolApproval, ToolRule
 from approvals.services.decisions import approval_decide
 from chat.agent import DUPLICATE_TEXT
 from chat.events import Delta, Done, Failed, Status, ToolFinished, ToolStarted, Wait
 from chat.models import Message
+from chat.toolbox import Toolbox
+from chat.tools.base import Tool, ToolResult
 from studio.wording import REJECTION_TEXT
 from tests.factories import make_run
 from tests.helpers.driver import AgentDriver
@@ -420,3 +423,31 @@ def test_a_resumed_run_counts_the_rounds_it_made_before(conversation):
     )
     seen = list(agent.events())
     assert any(isinstance(e, Failed) and "limit of 1 rounds" in e.text for e in seen)
+
+
+@pytest.mark.anydb
+def test_a_reply_and_a_tool_run_hold_no_pooled_connection(conversation, alice):
+    """A model's reply and a tool's run may take minutes: a step must not hold
+    one of the process's pooled PostgreSQL connections through them (SQLite
+    keeps its thread's connection by design: reopening costs more)."""
+    held: dict[str, bool] = {}
+
+    class Watching(ScriptedModel):
+        def stream(self, messages, tools, *, cancel):
+            held.setdefault(f"reply {len(self.seen)}", connection.connection is not None)
+            yield from super().stream(messages, tools, cancel=cancel)
+
+    def probe(arguments, **_):
+        held["tool"] = connection.connection is not None
+        return ToolResult("probed")
+
+    tool = Tool(name="probe", description="Probe.", parameters={"type": "object"}, run=probe)
+    model = Watching([("", [call("probe", {})]), ("Done.", [])])
+    driver = start(conversation, model, toolbox=Toolbox(tools={"probe": tool}, enabled=("probe",)))
+    started = driver.wait_for(ToolStarted)
+    approval_decide(approval_id=started.approval_id, user=alice, decision="allow")
+    assert driver.wait_for(ToolFinished).result == "probed"
+    driver.finish()
+    kept = connection.vendor == "sqlite"
+    assert held == {"reply 0": kept, "tool": kept, "reply 1": kept}
+    assert last_tool_message(conversation).content == "probed"  # written after, all the same
