@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import re
 from html import escape as html_escape
 from html import unescape as html_unescape
@@ -8,7 +9,7 @@ from urllib.parse import unquote
 
 import nh3
 from django import template
-from django.urls import reverse
+from django.urls import get_script_prefix, reverse
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
 
@@ -44,11 +45,30 @@ _CLEANER = nh3.Cleaner(
 _WORKSPACE_LINK = re.compile(r'href="workspace:([^"]*)"')
 
 
+# A page, a reconnecting tab and every open tab of a chat draw the same
+# replies again; their Markdown (bare links above all) is the costliest part
+# of drawing them. Replies up to this size are kept, drawn, per process.
+_KEPT_REPLY_CHARS = 8192
+
+
 @register.filter
 def markdown(text: str, conversation_id: int | None = None) -> SafeString:
     """The model's Markdown as safe HTML: rendered, then sanitized. With the
     conversation, ``workspace:`` links become downloads of its workspace files."""
-    html = _MARKDOWN.render(text or "")
+    text = text or ""
+    if len(text) <= _KEPT_REPLY_CHARS:
+        # (Download links carry the deployment's prefix: part of the key.)
+        return _markdown_kept(text, conversation_id, get_script_prefix())
+    return _markdown(text, conversation_id)
+
+
+@functools.lru_cache(maxsize=1024)
+def _markdown_kept(text: str, conversation_id: int | None, prefix: str) -> SafeString:
+    return _markdown(text, conversation_id)
+
+
+def _markdown(text: str, conversation_id: int | None) -> SafeString:
+    html = _MARKDOWN.render(text)
     if conversation_id:
         html = _WORKSPACE_LINK.sub(lambda m: _download_href(conversation_id, m.group(1)), html)
     return mark_safe(_CLEANER.clean(html))  # noqa: S308 - sanitized by nh3 just here

@@ -83,3 +83,30 @@ def test_code_headings_emphasis_and_links():
     assert (
         '<a href="https://example.com" target="_blank" rel="noopener noreferrer nofollow">' in html
     )
+
+
+def test_a_reply_drawn_again_is_kept_drawn_and_a_long_one_is_not():
+    from chat.templatetags.chat_tags import _KEPT_REPLY_CHARS, _markdown_kept
+
+    reply = "Kept? See https://example.com/kept-reply and **this**."
+    first = markdown(reply, 7)
+    hits = _markdown_kept.cache_info().hits
+    assert markdown(reply, 7) == first and _markdown_kept.cache_info().hits == hits + 1
+    # Another conversation's download links differ: drawn for it.
+    assert markdown(reply, 8) == first and _markdown_kept.cache_info().hits == hits + 1
+    long = "word " * (_KEPT_REPLY_CHARS // 5 + 1)
+    misses = _markdown_kept.cache_info().misses
+    assert markdown(long) == markdown(long)
+    assert _markdown_kept.cache_info().misses == misses  # never kept
+
+
+def test_a_kept_reply_keeps_its_deployment_prefix_in_download_links():
+    from django.urls import set_script_prefix
+
+    reply = "[the report](workspace:report.csv)"
+    try:
+        set_script_prefix("/studio/")
+        assert 'href="/studio/c/7/workspace/report.csv"' in markdown(reply, 7)
+    finally:
+        set_script_prefix("/")
+    assert 'href="/c/7/workspace/report.csv"' in markdown(reply, 7)
