@@ -53,6 +53,7 @@ from chat.services import (
     run_release,
     run_stop_request,
     runs_abandon,
+    runs_forget_process,
     runs_to_resume,
 )
 from chat.toolbox import toolbox_for
@@ -66,6 +67,9 @@ FLUSH_SECONDS = 0.05
 # The sweep re-reads every waiting run this often, besides its quick look at
 # the calls decided since its last one.
 FULL_SWEEP_SECONDS = 60.0
+# A run handed over by a process that steps none: how long the process it
+# prefers (where its python session is) has to claim it before any other may.
+PREFERRED_FIRST_SECONDS = 1.0
 
 RESUMED_TEXT = "The server restarted; your run continues."
 REFUSALS = {
@@ -177,8 +181,16 @@ def run_wake(run_ids) -> None:
     """
     rt = runtime()
     if not rt.serving:
-        message = {"type": "runs.resume", "run_ids": [str(r) for r in run_ids]}
-        rt.outbox.channel(SHARED_CHANNEL, message)
+        # The process that stepped a run last holds its python session: it is
+        # asked first (every serving process hears the shared channel).
+        preferred: dict[str, list[str]] = {}
+        for run_id, stepped_by in Run.objects.filter(pk__in=list(run_ids)).values_list(
+            "pk", "stepped_by"
+        ):
+            preferred.setdefault(stepped_by, []).append(str(run_id))
+        for prefer, ids in preferred.items():
+            message = {"type": "runs.resume", "run_ids": ids, "prefer": prefer}
+            rt.outbox.channel(SHARED_CHANNEL, message)
         return
     for run_id in run_ids:
         run_id = str(run_id)
@@ -212,8 +224,18 @@ def run_stop(*, conversation_id: int, user) -> bool:
 
 
 def resume_from_message(message: dict) -> None:
-    """Inbox handler for ``runs.resume``, handed over by a process that serves no loop."""
-    run_wake(message.get("run_ids") or [])
+    """Inbox handler for ``runs.resume``, handed over by a process that serves no loop.
+
+    The process it prefers claims at once; the others a moment later, and
+    only if it did not (it may have exited since).
+    """
+    run_ids = message.get("run_ids") or []
+    prefer = message.get("prefer") or ""
+    rt = runtime()
+    if prefer and prefer != rt.inbox.name and rt.loop is not None:
+        rt.loop.call_later(PREFERRED_FIRST_SECONDS, run_wake, run_ids)
+        return
+    run_wake(run_ids)
 
 
 def cancel_from_message(message: dict) -> None:
@@ -560,7 +582,13 @@ def wind_down(rt: Runtime) -> None:
                 logger.warning("run heartbeat failed while winding down", exc_info=True)
         time.sleep(0.05)
     left = rt.local_runs()
+    try:
+        if owner:
+            runs_forget_process(owner=owner)
+    except Exception:
+        logger.warning("could not clear this process from its runs", exc_info=True)
     if not left:
+        release_connection()
         return
     for local in left.values():
         local.cancel.abandon()

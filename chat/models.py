@@ -153,6 +153,10 @@ class Run(models.Model):
     # Started by a process that steps no runs (a WSGI worker): the first
     # serving process to claim it starts it, as new, not as taken over.
     handed_over = models.BooleanField(default=False)
+    # The channel of the process that stepped it last: its python session is
+    # there, so a decision handed over by a process that steps no runs goes
+    # there first.
+    stepped_by = models.CharField(max_length=200, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     heartbeat_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)

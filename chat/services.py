@@ -310,6 +310,7 @@ def run_create(
                 conversation=conversation,
                 started_by=conversation.owner,
                 owner=owner,
+                stepped_by=owner,
                 # No owner: a process that steps no runs hands it to one that does.
                 handed_over=not owner,
             )
@@ -452,6 +453,7 @@ def run_claim(*, run_id: str, owner: str) -> Claim | None:
         )
     won = claimable.update(
         owner=owner,
+        stepped_by=owner,
         waiting_on="",
         heartbeat_at=now,
         handed_over=False,
@@ -462,6 +464,7 @@ def run_claim(*, run_id: str, owner: str) -> Claim | None:
     if resumed:
         logger.info("run %s resumed here (it was %s)", run.pk, run.owner or "left by its process")
     run.owner, run.waiting_on, run.heartbeat_at, run.handed_over = owner, "", now, False
+    run.stepped_by = owner
     return Claim(run=run, resumed=resumed, started=started)
 
 
@@ -485,6 +488,11 @@ def runs_abandon(*, run_ids: list[str], owner: str) -> int:
         .filter(pk__in=run_ids, owner=owner)
         .update(owner="", waiting_on="", heartbeat_at=timezone.now())
     )
+
+
+def runs_forget_process(*, owner: str) -> int:
+    """This process exits, and the python sessions it held end: no run prefers it now."""
+    return Run.objects.running().filter(stepped_by=owner).update(stepped_by="")
 
 
 def run_finish(*, run_id: str, status: str, owner: str | None = None, error: str = "") -> None:

@@ -41,9 +41,12 @@
     setConnection("offline", "Offline — reconnecting…");
     // The extension retries abnormal closures itself; retry the others too
     // (a server restart closes with 1001), unless the page is going away.
+    // At a random moment within 0.5 to 3 s: every tab of a restarted process
+    // is closed at once, and would otherwise come back, and be caught up, at once.
     if ([1006, 1011, 1012, 1013].indexOf(code) < 0 && !window.__studioUnloading) {
       var wrapper = evt.detail.socketWrapper;
-      setTimeout(function () { if (wrapper && wrapper.reconnect) wrapper.reconnect(); }, 1500);
+      var delay = 500 + Math.random() * 2500;
+      setTimeout(function () { if (wrapper && wrapper.reconnect) wrapper.reconnect(); }, delay);
     }
   });
   window.addEventListener("beforeunload", function () { window.__studioUnloading = true; });

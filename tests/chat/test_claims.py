@@ -87,3 +87,14 @@ def test_a_run_handed_over_at_its_start_is_claimed_as_started_not_resumed(conver
     Run.objects.filter(pk=run.pk).update(owner="")
     claim = run_claim(run_id=str(run.pk), owner="process-b")
     assert claim is not None and claim.resumed and not claim.started
+
+
+def test_a_run_remembers_the_process_that_stepped_it_last(conversation, alice):
+    """Where its python session is: kept while it waits, moved by a claim."""
+    run = new_run(conversation, alice, 2, owner="process-a")
+    approval = make_approval(conversation, run_id=run.pk)
+    assert run_release(run_id=str(run.pk), owner="process-a", waiting_on=approval.approval_id)
+    assert Run.objects.get(pk=run.pk).stepped_by == "process-a"  # while it waits, too
+    approval_decide(approval_id=approval.approval_id, user=alice, decision="allow")
+    assert run_claim(run_id=str(run.pk), owner="process-b").run.stepped_by == "process-b"
+    assert Run.objects.get(pk=run.pk).stepped_by == "process-b"

@@ -233,15 +233,59 @@ def test_16_decision_posts_over_two_processes(cluster, conversation, alice):
         page.close()
 
 
-def test_a_decision_made_outside_any_server_hands_the_run_over(
-    redis_server, workspace_root, tmp_path, conversation, alice
+def test_a_decision_made_outside_any_server_goes_back_where_its_run_was(
+    redis_server, workspace_root, tmp_path, alice
 ):
     """A process that serves no loop (a WSGI worker, a command) records the decision;
-    a server resumes the run through the shared channel, long before any sweep."""
+    a server resumes the run through the shared channel, long before any sweep, and
+    it is the server that stepped the run (its python session is there), though
+    every server hears the channel. Runs parked in either server, four times: one
+    that went to either server by chance would pass only once in sixteen."""
+    env = {**cluster_env(redis_server.url, workspace_root), "STUDIO_APPROVAL_POLL_SECONDS": "300"}
+    session = session_cookie(alice)
+    with two_servers(tmp_path, **env) as (a, b):
+        for server in (a, b, b, a):
+            conversation = make_conversation(alice)
+            tab, approval_id = park_a_run(server, conversation, session)
+            stepped_by = run_of(conversation).stepped_by
+            child = spawn(
+                "decide_proc.py", approval_id, alice.username, "allow", REDIS_URL=redis_server.url
+            )
+            try:
+                assert read_line(child, BOUND).strip() == "ready"
+                child.stdin.write("go\n")
+                child.stdin.flush()
+                assert '"resolved": true' in read_line(child, BOUND)
+                tab.until('<pre class="output">42')
+                tab.until('data-running="false"')
+            finally:
+                child.kill()
+                tab.close()
+            run = run_of(conversation)
+            assert run.status == "done" and stepped_by
+            assert (run.stepped_by, run.resumes) == (stepped_by, 0)
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_a_decision_made_outside_any_server_is_taken_by_another_if_its_server_is_gone(
+    redis_server, workspace_root, tmp_path, conversation, alice, how
+):
+    """The server that stepped the run is gone: another takes the run long before
+    any sweep. Exiting (a deploy), it said so and is not waited for; killed, it is
+    waited for a moment (PREFERRED_FIRST_SECONDS)."""
     env = {**cluster_env(redis_server.url, workspace_root), "STUDIO_APPROVAL_POLL_SECONDS": "300"}
     session = session_cookie(alice)
     with two_servers(tmp_path, **env) as (a, b):
         tab, approval_id = park_a_run(a, conversation, session)
+        tab.close()
+        gone = run_of(conversation).stepped_by
+        if how == "sigterm":
+            a.stop()
+        else:
+            a.kill()
+        assert run_of(conversation).stepped_by == ("" if how == "sigterm" else gone)
+        tab = Tab(b.ws_url, conversation.pk, session, origin=b.url)
+        tab.until('id="transcript"')
         child = spawn(
             "decide_proc.py", approval_id, alice.username, "allow", REDIS_URL=redis_server.url
         )
@@ -255,7 +299,8 @@ def test_a_decision_made_outside_any_server_hands_the_run_over(
         finally:
             child.kill()
             tab.close()
-    assert run_of(conversation).status == "done"
+    run = run_of(conversation)
+    assert run.status == "done" and run.stepped_by not in ("", gone)
 
 
 def test_a_message_sent_outside_any_server_is_handed_over_and_started(
