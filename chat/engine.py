@@ -582,11 +582,11 @@ def wind_down(rt: Runtime) -> None:
                 logger.warning("run heartbeat failed while winding down", exc_info=True)
         time.sleep(0.05)
     left = rt.local_runs()
-    try:
-        if owner:
+    if owner:
+        try:
             runs_forget_process(owner=owner)
-    except Exception:
-        logger.warning("could not clear this process from its runs", exc_info=True)
+        except Exception:
+            logger.warning("could not clear this process from its runs", exc_info=True)
     if not left:
         release_connection()
         return

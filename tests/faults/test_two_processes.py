@@ -76,6 +76,21 @@ def decide_and_see(server, session, conversation, approval_id: str, expect: str)
         page.close()
 
 
+def decide_outside_and_see(tab: Tab, approval_id: str, user, redis_url: str) -> None:
+    """Allow from a process that serves no loop; the result arrives in ``tab`` (then closed)."""
+    child = spawn("decide_proc.py", approval_id, user.username, "allow", REDIS_URL=redis_url)
+    try:
+        assert read_line(child, BOUND).strip() == "ready"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert '"resolved": true' in read_line(child, BOUND)
+        tab.until('<pre class="output">42')
+        tab.until('data-running="false"')
+    finally:
+        child.kill()
+        tab.close()
+
+
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
 def test_a_waiting_run_outlives_its_process(cluster, conversation, alice, how):
     """Waiting is only rows: the process going away (cleanly or not) changes nothing,
@@ -248,19 +263,7 @@ def test_a_decision_made_outside_any_server_goes_back_where_its_run_was(
             conversation = make_conversation(alice)
             tab, approval_id = park_a_run(server, conversation, session)
             stepped_by = run_of(conversation).stepped_by
-            child = spawn(
-                "decide_proc.py", approval_id, alice.username, "allow", REDIS_URL=redis_server.url
-            )
-            try:
-                assert read_line(child, BOUND).strip() == "ready"
-                child.stdin.write("go\n")
-                child.stdin.flush()
-                assert '"resolved": true' in read_line(child, BOUND)
-                tab.until('<pre class="output">42')
-                tab.until('data-running="false"')
-            finally:
-                child.kill()
-                tab.close()
+            decide_outside_and_see(tab, approval_id, alice, redis_server.url)
             run = run_of(conversation)
             assert run.status == "done" and stepped_by
             assert (run.stepped_by, run.resumes) == (stepped_by, 0)
@@ -286,19 +289,7 @@ def test_a_decision_made_outside_any_server_is_taken_by_another_if_its_server_is
         assert run_of(conversation).stepped_by == ("" if how == "sigterm" else gone)
         tab = Tab(b.ws_url, conversation.pk, session, origin=b.url)
         tab.until('id="transcript"')
-        child = spawn(
-            "decide_proc.py", approval_id, alice.username, "allow", REDIS_URL=redis_server.url
-        )
-        try:
-            assert read_line(child, BOUND).strip() == "ready"
-            child.stdin.write("go\n")
-            child.stdin.flush()
-            assert '"resolved": true' in read_line(child, BOUND)
-            tab.until('<pre class="output">42')
-            tab.until('data-running="false"')
-        finally:
-            child.kill()
-            tab.close()
+        decide_outside_and_see(tab, approval_id, alice, redis_server.url)
     run = run_of(conversation)
     assert run.status == "done" and run.stepped_by not in ("", gone)
 
