@@ -298,6 +298,7 @@ def _step_until_it_waits(
             local.cancel.cancel()
         with rt.lock:
             rt.runs[run_id] = local
+            rt.stepped_any = True
         try:
             waiting_on = Stepper(
                 local, run, first=first, resumed=resumed, announce=announce, redraw=redraw
@@ -582,7 +583,7 @@ def wind_down(rt: Runtime) -> None:
                 logger.warning("run heartbeat failed while winding down", exc_info=True)
         time.sleep(0.05)
     left = rt.local_runs()
-    if owner:
+    if owner and rt.stepped_any:
         try:
             runs_forget_process(owner=owner)
         except Exception:

@@ -400,6 +400,9 @@ class Runtime:
         # Runs this process is stepping now, and runs queued to be claimed here.
         self.runs: dict[str, LocalRun] = {}
         self.queued: set[str] = set()
+        # Some run was stepped here: its row may name this process as the one
+        # that stepped it last (chat clears that as the process exits).
+        self.stepped_any = False
         # The process is exiting: it takes no new work.
         self.stopping = False
         # Loop-bound services the apps add (chat's heartbeat and sweep), and
