@@ -13,6 +13,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
+from studio.runtime import replace_runtime, restore_runtime, runtime
 from tests.factories import make_conversation, make_user
 
 REQUIRE_SERVICES = os.environ.get("STUDIO_REQUIRE_SERVICES") == "1"
@@ -153,3 +154,22 @@ def alice_client(alice):
     client = Client()
     client.force_login(alice)
     return client
+
+
+@pytest.fixture
+async def rt(settings):
+    """A fresh runtime on this test's loop (four agent workers, a quick sweep), put back after."""
+    settings.STUDIO_APPROVAL_POLL_SECONDS = 0.1
+    old = runtime()
+    fresh = replace_runtime(agent_workers=4)
+    await fresh.start()
+    yield fresh
+    for local in fresh.local_runs().values():
+        local.cancel.cancel()
+    for _ in range(200):
+        if not fresh.local_runs():
+            break
+        await asyncio.sleep(0.05)
+    await fresh.stop()
+    restore_runtime(old)
+    assert not fresh.local_runs(), "a run outlived its test"

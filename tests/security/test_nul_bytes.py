@@ -54,7 +54,8 @@ def test_tool_output_and_arguments_with_nul_are_stored_without_it(conversation, 
 
 
 @pytest.mark.asyncio
-async def test_a_socket_message_with_nul_starts_a_run_without_it(conversation, alice):
+async def test_a_socket_message_with_nul_starts_a_run_without_it(conversation, alice, rt):
+    # (``rt``: its own runtime, stopped after, as every test whose run steps here.)
     comm, connected, _ = await open_socket(conversation.pk, alice)
     assert connected
     await comm.receive_from(timeout=10)
