@@ -15,6 +15,7 @@ from django.db import connections
 
 from studio.runtime import replace_runtime, restore_runtime, runtime
 from tests.factories import make_conversation, make_user
+from tests.helpers.runtimes import cancel_local_runs
 
 REQUIRE_SERVICES = os.environ.get("STUDIO_REQUIRE_SERVICES") == "1"
 
@@ -164,12 +165,7 @@ async def rt(settings):
     fresh = replace_runtime(agent_workers=4)
     await fresh.start()
     yield fresh
-    for local in fresh.local_runs().values():
-        local.cancel.cancel()
-    for _ in range(200):
-        if not fresh.local_runs():
-            break
-        await asyncio.sleep(0.05)
+    await cancel_local_runs(fresh)
     await fresh.stop()
     restore_runtime(old)
     assert not fresh.local_runs(), "a run outlived its test"

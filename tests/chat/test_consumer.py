@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 
@@ -15,6 +14,7 @@ from approvals.services.decisions import approval_decide
 from chat.models import Message, Run
 from studio.runtime import replace_runtime, restore_runtime, runtime
 from tests.factories import make_conversation
+from tests.helpers.runtimes import cancel_local_runs
 from tests.helpers.sockets import closed_with, open_socket, receive_until, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.anydb]
@@ -27,12 +27,7 @@ APPROVAL_ID = re.compile(r'data-approval-id="([^"]+)"')
 async def no_runs_left():
     yield
     # Stop whatever a failed test left running, and wait for it to end.
-    for local in runtime().local_runs().values():
-        local.cancel.cancel()
-    for _ in range(200):
-        if not runtime().local_runs():
-            break
-        await asyncio.sleep(0.05)
+    await cancel_local_runs(runtime())
     assert not runtime().local_runs(), "a run outlived its test"
     # This test's loop ends here: stop the runtime's tasks (and connections) on it.
     await runtime().stop()
@@ -269,12 +264,7 @@ async def test_waiting_runs_hold_no_worker_and_a_pool_of_one_serves_a_new_chat(a
             assert re.search(rf'<pre class="output">{c.pk}\s*</pre>', frames)
             await comm.disconnect()
     finally:
-        for local in rt.local_runs().values():
-            local.cancel.cancel()
-        for _ in range(200):
-            if not rt.local_runs():
-                break
-            await asyncio.sleep(0.05)
+        await cancel_local_runs(rt)
         await rt.stop()
         restore_runtime(old)
 
