@@ -47,6 +47,7 @@ CSV_FIELDS = [
     "output_sha256",
     "decided_ip",
     "decided_user_agent",
+    "decided_request_id",
 ]
 
 
@@ -91,6 +92,7 @@ def export_csv(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
             a.output_sha256,
             a.decided_ip or "",
             a.decided_user_agent,
+            a.decided_request_id,
         ]
         writer.writerow([csv_safe(str(cell)) for cell in cells])
     return response
@@ -204,7 +206,8 @@ class ToolApprovalAdmin(admin.ModelAdmin):
                                  "tool_hints", "subject"]}),
         ("The decision", {"fields": ["status", "reason", "why", "requested_by", "requested_at",
                                      "decided_by", "reviewer", "decided_at", "decision_time",
-                                     "decided_ip", "decided_user_agent", "note", "rule"]}),
+                                     "decided_ip", "decided_user_agent", "decided_request_id",
+                                     "note", "rule"]}),
         ("What it gave back", {"fields": ["run_time", "output_size", "output_sha256",
                                           "output"]}),
         ("In its conversation", {"fields": ["conversation", "context", "run_id",

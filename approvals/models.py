@@ -151,7 +151,8 @@ class ToolApproval(models.Model):
     webhook_result = models.CharField(max_length=200, blank=True)
     # The audit's depth: how long the decision and the run took, what the
     # tool gave back (its first OUTPUT_SUMMARY_BYTES, its whole size and
-    # hash), and where the decision came from.
+    # hash), and where the decision came from: address, browser, and the
+    # request's id, which its log lines carry too.
     decision_seconds = models.FloatField(null=True, blank=True)
     run_seconds = models.FloatField(null=True, blank=True)
     output_summary = models.TextField(blank=True)
@@ -159,6 +160,7 @@ class ToolApproval(models.Model):
     output_sha256 = models.CharField(max_length=64, blank=True)
     decided_ip = models.GenericIPAddressField(null=True, blank=True)
     decided_user_agent = models.CharField(max_length=300, blank=True)
+    decided_request_id = models.CharField(max_length=100, blank=True)
 
     objects = ApprovalManager()
 

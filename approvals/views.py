@@ -65,8 +65,10 @@ def notifications(request: HtmxHttpRequest) -> HttpResponse:
 def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
     """Allow, Deny (+ note), Edit (+ arguments) or Always allow (+ pattern, scope).
 
-    The first decision wins: a later one answers 409 with the current card. A
-    call a Review rule sends to a reviewer answers 202 with its card, waiting.
+    The first decision wins: a later one answers 409 with the current card
+    (the proxy's repeat of the request that decided answers as it would
+    have). A call a Review rule sends to a reviewer answers 202 with its
+    card, waiting.
     """
     try:
         _once(request, SINGLE)
@@ -130,7 +132,11 @@ def decide_batch(request: HtmxHttpRequest) -> HttpResponse:
 
 def _client(request: HtmxHttpRequest) -> ClientInfo:
     """The decision's origin for the audit (the proxy's word only when STUDIO_HTTPS trusts it)."""
-    return ClientInfo(ip=client_ip(request), user_agent=request.META.get("HTTP_USER_AGENT", ""))
+    return ClientInfo(
+        ip=client_ip(request),
+        user_agent=request.META.get("HTTP_USER_AGENT", ""),
+        request_id=request.request_id,
+    )
 
 
 def _back(request: HtmxHttpRequest, approval: ToolApproval) -> HttpResponse:

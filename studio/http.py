@@ -7,6 +7,7 @@ from django_htmx.middleware import HtmxDetails
 
 class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
+    request_id: str  # studio.logs.RequestIdMiddleware
 
 
 def wants_json(request: HttpRequest) -> bool:

@@ -66,8 +66,8 @@ class TextFormatter(logging.Formatter):
 
 
 class RequestIdMiddleware:
-    """Gives each request an id (a trusted proxy's X-Request-ID, or a new one),
-    logs under it, and answers with it. (The member is named where a view
+    """Gives each request an id (a trusted proxy's X-Request-ID, or a new one)
+    as ``request.request_id``, logs under it, and answers with it. (The member is named where a view
     knows it: resolving it here would cost every request a hop to Django's
     sync thread.)"""
 
@@ -82,14 +82,14 @@ class RequestIdMiddleware:
     def __call__(self, request):
         if iscoroutinefunction(self):
             return self._acall(request)
-        request_id = _request_id(request)
+        request.request_id = request_id = _request_id(request)
         with log_context(request_id=request_id):
             response = self.get_response(request)
         response["X-Request-ID"] = request_id
         return response
 
     async def _acall(self, request):
-        request_id = _request_id(request)
+        request.request_id = request_id = _request_id(request)
         with log_context(request_id=request_id):
             response = await self.get_response(request)
         response["X-Request-ID"] = request_id

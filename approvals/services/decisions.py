@@ -71,10 +71,11 @@ class DecisionForbidden(Exception):
 
 @dataclass(frozen=True)
 class ClientInfo:
-    """Where a decision came from (the audit keeps it): address and user agent."""
+    """Where a decision came from (the audit keeps it): address, user agent, request id."""
 
     ip: str = ""
     user_agent: str = ""
+    request_id: str = ""
 
 
 class DecideResult:
@@ -235,7 +236,10 @@ def approval_decide(
             changes = {"rule": rule, "rule_snapshot": rule.snapshot()}
             ToolApproval.objects.filter(pk=approval.pk).update(**changes)
     if not updated:
-        return _unchanged(approval)
+        result = _unchanged(approval)
+        if _is_repeat(result.approval, user, status, client):
+            return _repeated(result.approval)
+        return result
     approval.status, approval.reason, approval.decided_by = status, reason, user
     approval.decided_at, approval.note = now, note
     for name, value in changes.items():
@@ -265,6 +269,26 @@ def _unchanged(approval: ToolApproval) -> DecideResult:
     except ToolApproval.DoesNotExist:
         raise ApprovalNotFound(approval.approval_id) from None  # deleted meanwhile
     return DecideResult(resolved=False, approval=approval)
+
+
+def _is_repeat(approval: ToolApproval, user, status: str, client: ClientInfo | None) -> bool:
+    """Whether the request that decided the row is this very one, repeated by
+    the proxy because the process that recorded it stopped before it answered."""
+    return (
+        client is not None
+        and bool(client.request_id)
+        and approval.decided_request_id == client.request_id
+        and approval.decided_by_id == user.pk
+        and approval.status == status
+    )
+
+
+def _repeated(approval: ToolApproval) -> DecideResult:
+    """A repeated request answers as its first copy would have; nothing is recorded twice."""
+    # Its first copy's process may have stopped before it let the run go on.
+    if approval.run_id:
+        calls_settled.send(sender=ToolApproval, run_ids={approval.run_id})
+    return DecideResult(resolved=True, approval=approval)
 
 
 def _is_reviewer_of(approval: ToolApproval, user) -> bool:
@@ -305,6 +329,7 @@ def _audit_fields(approval: ToolApproval, now: datetime, client: ClientInfo | No
     if client is not None:
         fields["decided_ip"] = client.ip or None
         fields["decided_user_agent"] = strip_nul(client.user_agent)[:300]
+        fields["decided_request_id"] = client.request_id
     return fields
 
 

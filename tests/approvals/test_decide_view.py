@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.test import Client
 from django.urls import reverse
 
 from approvals.models import ToolApproval
+from approvals.signals import calls_settled
 from tests.factories import make_approval
 
 # The view decides on a worker thread of its own: it must see committed rows.
@@ -168,3 +171,64 @@ def test_a_repeated_parameter_is_400_not_last_one_wins(alice_client, approval, f
     assert response.status_code == 400
     assert response.json() == {"error": f"{field} must be given once"}
     assert ToolApproval.objects.get(pk=approval.pk).status == "pending"
+
+
+def test_the_proxys_repeat_of_the_deciding_request_answers_as_its_first_copy(
+    alice_client, approval, settings
+):
+    """nginx sends a POST on to the next process when the one that took it
+    stopped before answering (a restart): a decision it had recorded must
+    not come back to its member as a 409."""
+    settings.STUDIO_HTTPS = True  # the proxy's X-Request-ID is trusted
+    approval.run_id = run_id = str(uuid.uuid4())
+    approval.save(update_fields=["run_id"])
+    woken = []
+
+    def wake(sender, *, run_ids, **kwargs):
+        woken.append(set(run_ids))
+
+    def post(decision: str, request_id: str):
+        return alice_client.post(
+            url(approval.approval_id),
+            {"decision": decision, "note": "no"},
+            HTTP_ACCEPT="application/json",
+            HTTP_X_REQUEST_ID=request_id,
+            secure=True,
+        )
+
+    assert post("deny", "req-1").status_code == 200
+    first = ToolApproval.objects.get(pk=approval.pk)
+    assert first.decided_request_id == "req-1"
+
+    calls_settled.connect(wake)
+    try:
+        repeat = post("deny", "req-1")
+    finally:
+        calls_settled.disconnect(wake)
+    assert repeat.status_code == 200
+    assert repeat.json() == {"resolved": True, "status": "denied", "reason": "user"}
+    # Its first copy's process may have gone before it let the run go on.
+    assert woken == [{run_id}]
+
+    # Another request, or another decision under the same id, is a replay.
+    assert post("deny", "req-2").status_code == 409
+    assert post("allow", "req-1").status_code == 409
+    after = ToolApproval.objects.get(pk=approval.pk)
+    assert (after.status, after.decided_at, after.decided_request_id) == (
+        "denied",
+        first.decided_at,
+        "req-1",
+    )
+
+
+def test_an_untrusted_request_id_never_makes_a_repeat(alice_client, approval, settings):
+    settings.STUDIO_HTTPS = False  # no trusted proxy: each request gets its own id
+    answers = [
+        alice_client.post(
+            url(approval.approval_id), {"decision": "deny"}, HTTP_X_REQUEST_ID="chosen"
+        )
+        for _ in range(2)
+    ]
+    assert [a.status_code for a in answers] == [302, 409]
+    row = ToolApproval.objects.get(pk=approval.pk)
+    assert row.decided_request_id == answers[0]["X-Request-ID"] != "chosen"
