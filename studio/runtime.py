@@ -448,7 +448,9 @@ class Runtime:
         self.loop = None
 
     def exit(self) -> None:
-        """The process is exiting: take no new work, and let the apps wind down."""
+        """The process is exiting: take no new work, and let the apps wind down (once)."""
+        if self.stopping:
+            return
         self.stopping = True
         for hook in self.on_exit:
             try:

@@ -70,6 +70,18 @@ def _sync_thread_connections_closed(django_db_setup):
     asyncio.run(sync_to_async(connections.close_all)())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _process_runtime_ends_before_the_database(django_db_setup, django_db_blocker):
+    """The process-wide runtime winds down at interpreter exit, and chat's part
+    of that clears this process's name from the runs it stepped: in a test
+    session the database is gone by then. Wind it down while it is here."""
+    yield
+    rt = runtime()
+    if rt.loop is not None:  # started: its exit is registered
+        with django_db_blocker.unblock():
+            rt.exit()
+
+
 @pytest.fixture
 def root_sandbox():
     """Tests of the isolation layer need root and bubblewrap.
