@@ -25,6 +25,18 @@ def make_user(username: str | None = None, *, staff: bool = False, superuser: bo
     return user
 
 
+def make_live_member(settings, username: str, **extra):
+    """A member who logs in to a live server, which checks passwords with the
+    real hashers, not the test settings' MD5 (``settings``: pytest-django's)."""
+    from django.contrib.auth.hashers import make_password
+
+    user = make_user(username, **extra)
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.PBKDF2PasswordHasher"]
+    user.password = make_password(PASSWORD)
+    user.save(update_fields=["password"])
+    return user
+
+
 def make_reviewer(username: str | None = None):
     """A member of a "Reviewers" group holding "Can review approvals", as an admin sets it up."""
     from django.contrib.auth.models import Group, Permission

@@ -4,10 +4,9 @@ import os
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.hashers import make_password
 
 from tests.browser.ui import TIMEOUT
-from tests.factories import PASSWORD, make_user
+from tests.factories import make_live_member
 from tests.helpers.live import LiveServer
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -64,23 +63,14 @@ def browser():
         browser.close()
 
 
-def _member(settings, username: str, **extra):
-    user = make_user(username, **extra)
-    # The live server checks passwords with the real hashers, not the test's MD5.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.PBKDF2PasswordHasher"]
-    user.password = make_password(PASSWORD)
-    user.save(update_fields=["password"])
-    return user
-
-
 @pytest.fixture
 def member(settings):
-    return _member(settings, "carol")
+    return make_live_member(settings, "carol")
 
 
 @pytest.fixture
 def admin_member(settings):
-    return _member(settings, "ada", superuser=True)
+    return make_live_member(settings, "ada", superuser=True)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 from deploy.proxy import LocalNginx
 from tests.browser.ui import TIMEOUT, card_for, login, new_chat, output, run_finished
-from tests.factories import PASSWORD
+from tests.factories import PASSWORD, make_live_member
 from tests.helpers.live import two_servers
 from tests.helpers.procs import ROOT, child_env
 from tests.helpers.services import cluster_env
@@ -40,9 +40,7 @@ def test_a_gated_call_through_nginx_with_two_processes(
     from axes.models import AccessAttempt
     from playwright.sync_api import sync_playwright
 
-    from tests.browser.conftest import _member
-
-    _member(settings, "carol")
+    make_live_member(settings, "carol")
     env = {
         **cluster_env(redis_server.url, workspace_root),
         "STUDIO_HTTPS": "True",

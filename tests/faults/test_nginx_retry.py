@@ -13,7 +13,7 @@ import pytest
 from approvals.models import ToolApproval
 from deploy.cluster import free_port
 from deploy.proxy import LocalNginx
-from tests.factories import PASSWORD, make_approval, make_conversation
+from tests.factories import PASSWORD, make_approval, make_conversation, make_live_member
 from tests.helpers.live import LiveServer
 from tests.helpers.services import cluster_env
 
@@ -94,9 +94,7 @@ async def _pipe(reader, writer) -> None:
 def test_a_decision_whose_process_stopped_before_answering_is_not_a_409(
     redis_server, workspace_root, tmp_path, settings
 ):
-    from tests.browser.conftest import _member
-
-    member = _member(settings, "erin")
+    member = make_live_member(settings, "erin")
     conversation = make_conversation(member)
     approval = make_approval(conversation, arguments={"code": "print(1)"})
     env = {**cluster_env(redis_server.url, workspace_root), "STUDIO_HTTPS": "True"}
