@@ -259,9 +259,14 @@ def studio(args, work: Path, layout: str) -> dict:
         [sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
         cwd=harness.ROOT, env=harness.server_env(STUDIO_STATIC_ROOT=str(static)), check=True,
     )  # fmt: skip
+    collections = work / f"gc-{layout}"
+    collections.mkdir()
     env = harness.server_env(
-        STUDIO_HTTPS="True", STUDIO_APPROVAL_POLL_SECONDS="1", STUDIO_SHUTDOWN_GRACE_SECONDS="10"
-    )
+        STUDIO_HTTPS="True", STUDIO_APPROVAL_POLL_SECONDS="1", STUDIO_SHUTDOWN_GRACE_SECONDS="10",
+        # bench/gcprobe times each process's garbage collections.
+        PYTHONPATH=f"{harness.ROOT}:{harness.ROOT / 'bench' / 'gcprobe'}",
+        STUDIO_BENCH_GC_DIR=str(collections),
+    )  # fmt: skip
     fleet = Fleet(env, [free_port(), free_port()], harness.ROOT / "bench")
     wsgi = None
     if layout == "wsgi":
@@ -358,7 +363,7 @@ def studio(args, work: Path, layout: str) -> dict:
             for n, (latency, sent) in enumerate(zip(load.latencies, load.sent, strict=True))
             if sent - latency < fleet.restart_started or sent - latency > fleet.restart_ended + 5
         ]
-        return {
+        result = {
             "quiet": [load.latencies[n] for n in steady],
             "quiet_answers": [load.answered[n] for n in steady],
             "park_s": park_s,
@@ -374,6 +379,19 @@ def studio(args, work: Path, layout: str) -> dict:
         fleet.stop()
         if wsgi is not None:
             wsgi.stop()
+    # Each process wrote its collections as it exited.
+    result["full_collections"] = full_collections(collections)
+    return result
+
+
+def full_collections(directory: Path) -> list[float]:
+    """The seconds of each full (generation 2) collection, every server process's."""
+    return [
+        seconds
+        for path in directory.glob("*.json")
+        for generation, seconds in json.loads(path.read_text())
+        if generation == 2
+    ]
 
 
 def peer(args, work: Path) -> dict:
@@ -480,6 +498,11 @@ def report(args, layout: str, s: dict) -> None:
     )
     print(f"  outside the restart (and 5 s after it): {harness.summary_ms(s['quiet'])}")
     print(f"    of which the POST's own response: {harness.summary_ms(s['quiet_answers'])}")
+    pauses = sorted(s["full_collections"])
+    print(
+        f"  full garbage collections (every server process, the whole run): {len(pauses)}, "
+        f"{sum(pauses):.2f} s in all, the longest {max(pauses, default=0) * 1000:.0f} ms"
+    )
     print(
         f"  server CPU per decision (both processes, streams included): "
         f"{s['cpu'] / max(1, len(load.decided)) * 1000:.1f} ms; streams delivered "
