@@ -17,6 +17,7 @@ from django.urls import re_path  # noqa: E402
 
 from approvals.routing import websocket_urlpatterns as member_sockets  # noqa: E402
 from chat.routing import websocket_urlpatterns as chat_sockets  # noqa: E402
+from studio.process import settle  # noqa: E402
 from studio.runtime import runtime  # noqa: E402
 from studio.websocket import SameOriginValidator, UnknownPathConsumer  # noqa: E402
 
@@ -54,3 +55,5 @@ application = WithRuntime(
         }
     )
 )
+
+settle()

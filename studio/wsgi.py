@@ -11,6 +11,9 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
+from studio.process import settle
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "studio.settings")
 
 application = get_wsgi_application()
+settle()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from io import StringIO
 
 import pytest
@@ -7,6 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 
 from studio.env import env_bool, env_float, env_int, env_list
+from tests.helpers.procs import ROOT, child_env
 
 
 @pytest.mark.django_db
@@ -60,3 +63,15 @@ def test_every_page_has_an_icon_that_exists(client):
     from django.contrib.staticfiles import finders
 
     assert "<svg" in open(finders.find("studio/favicon.svg")).read()
+
+
+@pytest.mark.parametrize("entry", ["studio.asgi", "studio.wsgi"])
+def test_a_server_process_keeps_what_it_built_at_start_out_of_full_collections(entry):
+    code = f"import gc, {entry}; print(gc.get_freeze_count(), len(gc.get_objects()))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    frozen, walked = map(int, done.stdout.split())
+    assert walked * 100 < frozen
