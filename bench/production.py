@@ -498,7 +498,7 @@ def report(args, layout: str, s: dict) -> None:
     )
     print(f"  outside the restart (and 5 s after it): {harness.summary_ms(s['quiet'])}")
     print(f"    of which the POST's own response: {harness.summary_ms(s['quiet_answers'])}")
-    pauses = sorted(s["full_collections"])
+    pauses = s["full_collections"]
     print(
         f"  full garbage collections (every server process, the whole run): {len(pauses)}, "
         f"{sum(pauses):.2f} s in all, the longest {max(pauses, default=0) * 1000:.0f} ms"

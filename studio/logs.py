@@ -67,9 +67,9 @@ class TextFormatter(logging.Formatter):
 
 class RequestIdMiddleware:
     """Gives each request an id (a trusted proxy's X-Request-ID, or a new one)
-    as ``request.request_id``, logs under it, and answers with it. (The member is named where a view
-    knows it: resolving it here would cost every request a hop to Django's
-    sync thread.)"""
+    as ``request.request_id``, logs under it, and answers with it. (The
+    member is named where a view knows it: resolving it here would cost
+    every request a hop to Django's sync thread.)"""
 
     sync_capable = True
     async_capable = True

@@ -286,8 +286,7 @@ def _is_repeat(approval: ToolApproval, user, status: str, client: ClientInfo | N
 def _repeated(approval: ToolApproval) -> DecideResult:
     """A repeated request answers as its first copy would have; nothing is recorded twice."""
     # Its first copy's process may have stopped before it let the run go on.
-    if approval.run_id:
-        calls_settled.send(sender=ToolApproval, run_ids={approval.run_id})
+    _let_its_run_go_on(approval)
     return DecideResult(resolved=True, approval=approval)
 
 
@@ -432,6 +431,10 @@ def _decided(result: DecideResult) -> None:
         logger.info("%s call %s (%s) by %s", approval.tool_name, outcome, approval.reason,
                     approval.decided_by_id)  # fmt: skip
     card_broadcast(approval, result.card_html)
+    _let_its_run_go_on(approval)
+
+
+def _let_its_run_go_on(approval: ToolApproval) -> None:
     if approval.run_id:
         calls_settled.send(sender=ToolApproval, run_ids={approval.run_id})
 
