@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
 
 from approvals.inbox import count_badge, inbox_change, inbox_count, inbox_refresh, inbox_state
 from approvals.models import can_review
@@ -52,8 +54,19 @@ class MemberSocket(AsyncWebsocketConsumer):
     since the page was rendered is missed. It acts only while its session
     still logs the member in. Subclasses say what else the socket is for
     (``admit``), which groups it joins and what its state is.
+
+    The socket opens and closes its channel itself (``listen``): Channels'
+    own loop can end a consumer just after a message reached its channel,
+    and channels-redis's Pub/Sub layer then keeps that channel, a queue and a
+    Redis subscription, for as long as the process lives (one in three
+    sockets in bench/soak.py). The layer drops a channel when a receive
+    waiting on it is cancelled; here one task only ever waits in receive.
     """
 
+    # No channel from Channels' loop: ``listen`` opens one once the socket is admitted.
+    channel_layer_alias = None
+    listening: asyncio.Task | None = None
+    delivering: asyncio.Task | None = None
     user = None
     joined: list[str] = []
     with_cards = False  # the inbox page: its entries are live too
@@ -61,6 +74,58 @@ class MemberSocket(AsyncWebsocketConsumer):
     came: list[str] = []  # approvals that came since the last refresh (notifications)
     touched: list[str] = []  # approvals that came or went since the last refresh
     dirty = False  # a change since the last refresh began
+
+    async def __call__(self, scope, receive, send) -> None:
+        # Channel messages and the socket's own are handled one at a time, as
+        # in Channels' loop: a fragment never overtakes the catch-up.
+        self.dispatching = asyncio.Lock()
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.stop_listening()
+
+    async def dispatch(self, message: dict) -> None:
+        async with self.dispatching:
+            await super().dispatch(message)
+
+    async def listen(self) -> None:
+        """Open the socket's channel; its messages are dispatched in order."""
+        self.channel_layer = get_channel_layer()
+        self.channel_name = await self.channel_layer.new_channel()
+        arrived: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        self.listening = loop.create_task(self._receive(arrived))
+        self.delivering = loop.create_task(self._deliver(arrived))
+        # One turn of the loop (it runs tasks in the order they were made):
+        # the receive is now waiting, so any cancel from here on reaches it.
+        await asyncio.sleep(0)
+
+    async def _receive(self, arrived: asyncio.Queue) -> None:
+        # Nothing but receive() is awaited here, so a cancel always finds this
+        # task inside it: the layer's cue to drop the channel.
+        while True:
+            arrived.put_nowait(await self.channel_layer.receive(self.channel_name))
+
+    async def _deliver(self, arrived: asyncio.Queue) -> None:
+        while True:
+            message = await arrived.get()
+            try:
+                await self.dispatch(message)
+            except Exception:
+                # Channels' loop would end the consumer; the page reconnects and catches up.
+                logger.exception("socket: handling %r failed", message.get("type"))
+                await self.close(code=1011)
+                return
+
+    async def stop_listening(self) -> None:
+        """Close the channel (a no-op once closed)."""
+        tasks = [t for t in (self.listening, self.delivering) if t is not None]
+        self.listening = self.delivering = None
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def connect(self) -> None:
         # Refusals accept first and then close, so the page learns the code.
@@ -76,6 +141,7 @@ class MemberSocket(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_NOT_FOUND)
             return
         self.joined = await off_loop(self.groups_to_join)
+        await self.listen()
         runtime().inbox.on_layer_reset(self._rejoin)
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
@@ -102,6 +168,7 @@ class MemberSocket(AsyncWebsocketConsumer):
             runtime().inbox.off_layer_reset(self._rejoin)
             for group in self.joined:
                 await self.channel_layer.group_discard(group, self.channel_name)
+        await self.stop_listening()
 
     async def _rejoin(self) -> None:
         """Redis restarted and forgot our groups: join again and catch the tab up."""
