@@ -1,18 +1,25 @@
-"""Times each garbage collection of a benchmark's server process.
+"""Times each garbage collection of a benchmark's server process, and counts its objects.
 
-On ``PYTHONPATH`` with ``STUDIO_BENCH_GC_DIR`` set (bench/production.py does
-both), each process writes its collections (generation, seconds) to a JSON
-file there as it exits. A collection stops its process: a full one is a
-pause every request in that process waits out.
+On ``PYTHONPATH`` with ``STUDIO_BENCH_GC_DIR`` set (bench/production.py and
+bench/soak.py do both), each process writes its collections (generation,
+seconds) to a JSON file there as it exits. A collection stops its process:
+a full one is a pause every request in that process waits out.
+
+With ``STUDIO_BENCH_CENSUS_SECONDS`` set too, the process also appends, that
+often, a census of its live objects by type to ``<pid>-census.jsonl``
+(bench/soak.py reads what grows).
 """
 
 import atexit
+import collections
 import gc
 import json
 import os
+import threading
 import time
 
 _DIR = os.environ.get("STUDIO_BENCH_GC_DIR")
+_CENSUS_SECONDS = float(os.environ.get("STUDIO_BENCH_CENSUS_SECONDS") or 0)
 _started = [0.0]
 _collections: list[tuple[int, float]] = []
 
@@ -29,8 +36,19 @@ def _write() -> None:
         json.dump(_collections, f)
 
 
+def _census() -> None:
+    path = os.path.join(_DIR, f"{os.getpid()}-census.jsonl")
+    while True:
+        time.sleep(_CENSUS_SECONDS)
+        counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+        with open(path, "a") as f:
+            f.write(json.dumps({"at": time.time(), "types": counts}) + "\n")
+
+
 if _DIR:
     gc.callbacks.append(_timed)
     atexit.register(_write)
     # A forked worker (gunicorn's) counts its own collections only.
     os.register_at_fork(after_in_child=_collections.clear)
+    if _CENSUS_SECONDS:
+        threading.Thread(target=_census, name="bench-census", daemon=True).start()
