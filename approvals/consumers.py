@@ -146,7 +146,7 @@ class MemberSocket(AsyncWebsocketConsumer):
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
-        await self.send(text_data=await off_loop(self.state))
+        await self.send_state()
 
     async def admit(self) -> bool:
         """Look up what the socket is for; False refuses it (404)."""
@@ -155,11 +155,15 @@ class MemberSocket(AsyncWebsocketConsumer):
     def groups_to_join(self) -> list[str]:
         return _member_groups(self.user)
 
-    def state(self) -> str:
-        """Everything the tab needs to be current (runs off the loop)."""
+    def state(self) -> list[str]:
+        """Everything the tab needs to be current, as the frames to send (runs off the loop)."""
         if self.with_cards:
-            return inbox_state(self.user)
-        return count_badge(inbox_count(self.user))
+            return [inbox_state(self.user)]
+        return [count_badge(inbox_count(self.user))]
+
+    async def send_state(self) -> None:
+        for frame in await off_loop(self.state):
+            await self.send(text_data=frame)
 
     async def disconnect(self, code: int) -> None:
         if self.refresh is not None:
@@ -174,7 +178,7 @@ class MemberSocket(AsyncWebsocketConsumer):
         """Redis restarted and forgot our groups: join again and catch the tab up."""
         for group in self.joined:
             await self.channel_layer.group_add(group, self.channel_name)
-        await self.send(text_data=await off_loop(self.state))
+        await self.send_state()
 
     async def _session_ended(self, *, ended: str = "") -> bool:
         """Close the socket, saying why, when its session no longer logs the member in."""

@@ -47,15 +47,15 @@ class ChatConsumer(MemberSocket):
     def groups_to_join(self) -> list[str]:
         return [self.group, *super().groups_to_join()]
 
-    def state(self) -> str:
+    def state(self) -> list[str]:
         conversation = _conversation_for(self.conversation_id, self.user)
         if conversation is None:
-            return ""
-        return (
-            render.catch_up(conversation)
-            + count_badge(inbox_count(self.user))
-            + render.waiting_markers(self.user)
-        )
+            return []
+        *transcript, last = render.catch_up(conversation)
+        return [
+            *transcript,
+            last + count_badge(inbox_count(self.user)) + render.waiting_markers(self.user),
+        ]
 
     def refreshed(self, came: list[str], touched: list[str]) -> str:
         return super().refreshed(came, touched) + render.waiting_markers(

@@ -163,10 +163,8 @@ def _launch(
         # Every tab redraws the chat with the old branch folded (and the edited
         # message) before the run's first fragment, which goes the same way.
         conversation = run.conversation
-        rt.outbox.group(
-            conversation.group_name,
-            {"type": "chat.fragment", "html": render.transcript(conversation)},
-        )
+        for frame in render.transcript_frames(conversation):
+            rt.outbox.group(conversation.group_name, {"type": "chat.fragment", "html": frame})
         first = None
     rt.agent_pool.submit(_drive, rt, run_id, launched=(run, first))
     return Launch(ok=True, run_id=run_id)
@@ -349,7 +347,11 @@ class Stepper:
         conversation = self.run.conversation
         publisher = self.publisher = Publisher(conversation, self.run)
         if self.redraw:
-            publisher.send(render.transcript(conversation) + render.title(conversation.title))
+            *earlier, last = render.transcript_frames(conversation)
+            for frame in earlier:  # a long chat: each part a message of its own
+                publisher.send(frame)
+                publisher.flush()
+            publisher.send(last + render.title(conversation.title))
         elif self.first is not None:
             publisher.send(render.appended(render.message(MessageView.of(self.first))))
             # The first message names the conversation; every open tab shows it.

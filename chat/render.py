@@ -279,28 +279,59 @@ def review_context(conversation: Conversation, *, viewer) -> dict:
     }
 
 
-def catch_up(conversation: Conversation) -> str:
-    """Everything a (re)connecting tab needs to be current: transcript and run state."""
+# daphne sends no WebSocket message over 1 MiB (``--websocket-max-message-size``):
+# a long chat's catch-up goes out in frames of at most this many characters
+# (4 bytes each at worst in UTF-8).
+FRAME_BUDGET = 192 * 1024
+
+
+def catch_up(conversation: Conversation) -> list[str]:
+    """Everything a (re)connecting tab needs to be current, transcript and run
+    state, as the frames to send: one, unless the transcript is too long for it."""
     running = Run.objects.running().filter(conversation=conversation).exists()
-    return (
-        transcript(conversation)
-        + run_controls(
-            running=running, conversation_id=conversation.pk, **run_after(conversation, running)
-        )
-        + settings_panel(conversation, oob=True)
+    state = run_controls(
+        running=running, conversation_id=conversation.pk, **run_after(conversation, running)
+    ) + settings_panel(conversation, oob=True)
+    frames = transcript_frames(conversation)
+    if len(frames[-1]) + len(state) <= FRAME_BUDGET:
+        return [*frames[:-1], frames[-1] + state]
+    return [*frames, state]
+
+
+def transcript_frames(conversation: Conversation) -> list[str]:
+    """The transcript redrawn, in one frame or, when it is too long for one, an
+    empty transcript and then its items appended in order, as a reply's are."""
+    items = transcript_items(conversation)
+    whole = transcript(conversation, items)
+    if len(whole) <= FRAME_BUDGET:
+        return [whole]
+    return [transcript(conversation, []), *_appended_in_frames(conversation, items)]
+
+
+def _appended_in_frames(conversation: Conversation, items: list) -> list[str]:
+    html = render_to_string("chat/_transcript_items.html", _transcript_context(conversation, items))
+    if len(html) <= FRAME_BUDGET or len(items) == 1:
+        return [appended(html)]
+    half = len(items) // 2
+    return _appended_in_frames(conversation, items[:half]) + _appended_in_frames(
+        conversation, items[half:]
     )
 
 
-def transcript(conversation: Conversation) -> str:
+def transcript(conversation: Conversation, items: list | None = None) -> str:
+    if items is None:
+        items = transcript_items(conversation)
     return render_to_string(
-        "chat/_transcript.html",
-        {
-            "items": transcript_items(conversation),
-            "conversation": conversation,
-            "oob": True,
-            "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH,
-        },
+        "chat/_transcript.html", {**_transcript_context(conversation, items), "oob": True}
     )
+
+
+def _transcript_context(conversation: Conversation, items: list) -> dict:
+    return {
+        "items": items,
+        "conversation": conversation,
+        "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH,
+    }
 
 
 def notice(text: str, *, level: str = "error") -> str:

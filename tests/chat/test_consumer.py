@@ -11,6 +11,7 @@ from django.test import Client
 
 from approvals.models import ToolApproval
 from approvals.services.decisions import approval_decide
+from chat import render
 from chat.models import Message, Run
 from studio.runtime import replace_runtime, restore_runtime, runtime
 from tests.factories import make_conversation
@@ -471,3 +472,46 @@ async def test_a_rules_use_counter_updates_live(conversation, alice):
     assert f'<span id="rule-hits-{rule.pk}" hx-swap-oob="outerHTML">used 1×</span>' in frames
     await receive_until(comm, 'data-running="false"')
     await comm.disconnect()
+
+
+# --- a long chat ------------------------------------------------------------------------
+
+
+def _long_chat(conversation, replies: int) -> None:
+    for n in range(replies):
+        Message.objects.create(conversation=conversation, role="user", content=f"ask-{n}")
+        Message.objects.create(
+            conversation=conversation, role="assistant", content=f"reply-{n} " + "words " * 1000
+        )
+
+
+async def test_a_long_chat_catches_up_in_frames_daphne_can_send(conversation, alice):
+    """daphne refuses a message over 1 MiB; a chat whose transcript renders
+    larger still catches its tab up, in order, in several frames."""
+    await sync_to_async(_long_chat)(conversation, 40)
+    comm, connected, _ = await open_socket(conversation.pk, alice)
+    assert connected
+    frames = []
+    while not frames or 'id="run-controls"' not in frames[-1]:
+        frames.append(await comm.receive_from(timeout=BOUND))
+    await comm.disconnect()
+
+    assert len(frames) > 2
+    assert all(len(frame.encode()) < 1024 * 1024 for frame in frames)
+    assert all(len(frame) <= render.FRAME_BUDGET for frame in frames[:-1])
+    # The tab's transcript is replaced by an empty one, then every message is
+    # appended once, in order.
+    assert 'id="transcript"' in frames[0] and "reply-0" not in frames[0]
+    everything = "".join(frames)
+    said = [f"{kind}-{n}" for n in range(40) for kind in ("ask", "reply")]
+    where = [re.search(rf"\b{text}\b", everything).start() for text in said]
+    assert where == sorted(where)
+    assert all(sum(bool(re.search(rf"\b{t}\b", f)) for f in frames) == 1 for t in said)
+
+
+async def test_a_short_chat_catches_up_in_one_frame(conversation, alice):
+    await sync_to_async(_long_chat)(conversation, 2)
+    comm, connected, _ = await open_socket(conversation.pk, alice)
+    first = await comm.receive_from(timeout=BOUND)
+    await comm.disconnect()
+    assert 'id="transcript"' in first and "reply-1" in first and 'id="run-controls"' in first
