@@ -54,7 +54,11 @@ async def member(
             n += 1
             # Round the member's chats: a transcript grows slowly, as a day's do.
             cid = cids[n % len(cids)]
-            ws, _ = await open_socket(proxy, session, cid, stop_at + 60)
+            try:
+                ws, _ = await open_socket(proxy, session, cid, stop_at + 60)
+            except Exception as exc:
+                tally.errors.append(f"socket {type(exc).__name__}")
+                continue
             tally.sockets += 1
             try:
                 await ws.send(json.dumps({"message": f"echo soak-{cid}-{n}"}))
@@ -79,7 +83,11 @@ async def member(
 
 async def stream(proxy, session: str, cid: int, tally: Tally, stop_at: float, pace: float) -> None:
     while time.monotonic() < stop_at:
-        ws, _ = await open_socket(proxy, session, cid, stop_at + 60)
+        try:
+            ws, _ = await open_socket(proxy, session, cid, stop_at + 60)
+        except Exception as exc:
+            tally.errors.append(f"stream socket {type(exc).__name__}")
+            continue
         try:
             await ws.send(f'{{"message": "stream 500 {pace:g}"}}')
             await until(ws, 'data-running="false"', 60)
@@ -93,7 +101,11 @@ def sample(fleet: Fleet, samples: dict, tally: Tally, started: float, every: flo
     while not stop.wait(every):
         for server in fleet.servers:
             samples.setdefault(server.pid, []).append(
-                (time.monotonic() - started, harness.rss_kb(server.pid), tally.sockets)
+                (
+                    time.monotonic() - started,
+                    harness.rss_kb(server.pid),
+                    harness.threads(server.pid),
+                )
             )
 
 
@@ -106,15 +118,20 @@ def slope_mb_per_hour(points: list[tuple[float, int, int]]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var * 3600
 
 
-def growth(census: Path, since: float) -> list[tuple[str, int, int]]:
-    """Types whose live count grew most between the first census after ``since`` and the last."""
+def census_after(census: Path, since: float) -> dict:
+    """Between the first census after ``since`` and the last: the live objects
+    in all, the allocator's blocks, and the types whose count grew most."""
     lines = [json.loads(line) for line in census.read_text().splitlines()]
     lines = [line for line in lines if line["at"] >= since]
     if len(lines) < 2:
-        return []
+        return {}
     first, last = lines[0]["types"], lines[-1]["types"]
     grown = [(t, first.get(t, 0), n) for t, n in last.items() if n > first.get(t, 0)]
-    return sorted(grown, key=lambda g: g[2] - g[1], reverse=True)[:10]
+    return {
+        "objects": (sum(first.values()), sum(last.values())),
+        "blocks": (lines[0].get("blocks", 0), lines[-1].get("blocks", 0)),
+        "grown": sorted(grown, key=lambda g: g[2] - g[1], reverse=True)[:8],
+    }
 
 
 def main() -> None:
@@ -197,12 +214,15 @@ def main() -> None:
                 f"at the end; slope after the warm-up {slope_mb_per_hour(after):+.1f} MB/hour"
             )
             print("    RSS (MB) each sample: " + " ".join(f"{p[1] / 1024:.0f}" for p in points))
+            print("    threads each sample: " + " ".join(str(p[2]) for p in points))
             census = probes / f"{pid}-census.jsonl"
-            if census.exists():
-                grown = growth(census, warm_at)
+            found = census_after(census, warm_at) if census.exists() else {}
+            if found:
+                (o0, o1), (b0, b1) = found["objects"], found["blocks"]
                 print(
-                    "    live objects grown most after the warm-up: "
-                    + (", ".join(f"{t} {a}->{b}" for t, a, b in grown) or "none")
+                    f"    after the warm-up: live objects {o0:,} -> {o1:,}, allocator blocks "
+                    f"{b0:,} -> {b1:,}; grown most: "
+                    + (", ".join(f"{t} {a}->{b}" for t, a, b in found["grown"]) or "none")
                 )
 
 
