@@ -112,9 +112,11 @@ class MemberSocket(AsyncWebsocketConsumer):
             try:
                 await self.dispatch(message)
             except Exception:
-                # Channels' loop would end the consumer; the page reconnects and catches up.
-                logger.exception("socket: handling %r failed", message.get("type"))
-                await self.close(code=1011)
+                # Most often a send racing the tab's own close. Otherwise close
+                # the socket, as Channels' loop would: the page reconnects (on
+                # any code but its final ones) and is caught up.
+                logger.warning("socket: handling %r failed", message.get("type"), exc_info=True)
+                await self.close()
                 return
 
     async def stop_listening(self) -> None:

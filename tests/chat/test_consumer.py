@@ -7,6 +7,7 @@ import re
 
 import pytest
 from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
 from django.test import Client
 
 from approvals.models import ToolApproval
@@ -515,3 +516,16 @@ async def test_a_short_chat_catches_up_in_one_frame(conversation, alice):
     first = await comm.receive_from(timeout=BOUND)
     await comm.disconnect()
     assert 'id="transcript"' in first and "reply-1" in first and 'id="run-controls"' in first
+
+
+async def test_a_message_its_handler_fails_on_closes_the_socket_for_a_reconnect(
+    conversation, alice
+):
+    """Closed with a code daphne accepts from an application (not 1011), on
+    which the page reconnects and is caught up."""
+    comm, connected, _ = await open_socket(conversation.pk, alice)
+    await receive_until(comm, 'id="transcript"')
+    await get_channel_layer().group_send(conversation.group_name, {"type": "chat.fragment"})
+    while (output := await comm.receive_output(timeout=BOUND))["type"] != "websocket.close":
+        pass
+    assert output.get("code", 1000) == 1000
