@@ -58,8 +58,8 @@ class MemberSocket(AsyncWebsocketConsumer):
     The socket opens and closes its channel itself (``listen``): Channels'
     own loop can end a consumer just after a message reached its channel,
     and channels-redis's Pub/Sub layer then keeps that channel, a queue and a
-    Redis subscription, for as long as the process lives (one in three
-    sockets in bench/soak.py). The layer drops a channel when a receive
+    Redis subscription, for as long as the process lives (half the sockets
+    or more in bench/soak.py). The layer drops a channel when a receive
     waiting on it is cancelled; here one task only ever waits in receive.
     """
 

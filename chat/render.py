@@ -318,9 +318,7 @@ def _appended_in_frames(conversation: Conversation, items: list) -> list[str]:
     )
 
 
-def transcript(conversation: Conversation, items: list | None = None) -> str:
-    if items is None:
-        items = transcript_items(conversation)
+def transcript(conversation: Conversation, items: list) -> str:
     return render_to_string(
         "chat/_transcript.html", {**_transcript_context(conversation, items), "oob": True}
     )
