@@ -37,6 +37,7 @@ from deploy.proxy import LocalNginx
 DATABASE_URL = "postgres://postgres@127.0.0.1:5432/studio_bench"
 REDIS_URL = "redis://127.0.0.1:6379/5"
 RESULT = "data-tool-result="
+STREAM_TOKENS = 500  # each streamed reply: 5 s at 100 tok/s
 
 
 class Fleet:
@@ -189,11 +190,19 @@ async def decisions(
 
 
 async def streams(proxy, chats, load: Load, stop_at: float, pace: float) -> None:
-    async def chat(session: str, cid: int) -> None:
+    """Each chat keeps its socket open and asks for the next reply as one ends, as
+    a member does. Their first replies start spread over one reply's length:
+    chats that began together would end together, a burst no real site sees."""
+    reply_seconds = STREAM_TOKENS / pace
+
+    async def chat(n: int, session: str, cid: int) -> None:
+        await asyncio.sleep(reply_seconds * n / len(chats))
+        ws = None
         while time.monotonic() < stop_at:
             try:
-                ws, _ = await open_socket(proxy, session, cid, stop_at)
-                await ws.send(f'{{"message": "stream 500 {pace:g}"}}')
+                if ws is None:
+                    ws, _ = await open_socket(proxy, session, cid, stop_at)
+                await ws.send(f'{{"message": "stream {STREAM_TOKENS} {pace:g}"}}')
                 t0, tokens = time.monotonic(), 0
                 while True:
                     frame = await asyncio.wait_for(ws.recv(), 30)
@@ -203,11 +212,13 @@ async def streams(proxy, chats, load: Load, stop_at: float, pace: float) -> None
                         tokens += frame.count("tok")
                 load.tokens += tokens
                 load.stream_seconds += time.monotonic() - t0
-                await ws.close()
             except Exception:
-                await asyncio.sleep(0.2)  # a restart cut it: the next reply
+                ws = None
+                await asyncio.sleep(0.2)  # a restart cut it: the next reply, on a new socket
+        if ws is not None:
+            await ws.close()
 
-    await asyncio.gather(*(chat(s, c) for s, c in chats))
+    await asyncio.gather(*(chat(n, s, c) for n, (s, c) in enumerate(chats)))
 
 
 def park(proxy, sessions_and_cids: list[tuple[str, int]]) -> None:
