@@ -71,8 +71,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
-    # Last, as django-axes asks: turns a lockout into its 429 page.
+    # Last of the others, as django-axes asks: turns a lockout into its 429 page.
     "axes.middleware.AxesMiddleware",
+    "studio.middleware.OneThreadHop",
 ]
 
 AUTHENTICATION_BACKENDS = [
