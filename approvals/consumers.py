@@ -138,11 +138,12 @@ class MemberSocket(AsyncWebsocketConsumer):
             return
         await runtime().start()
         self.user = user
-        if not await self.admit():
+        joined = await off_loop(self.opening)
+        if joined is None:
             await self.accept()
             await self.close(code=CLOSE_NOT_FOUND)
             return
-        self.joined = await off_loop(self.groups_to_join)
+        self.joined = joined
         await self.listen()
         runtime().inbox.on_layer_reset(self._rejoin)
         for group in self.joined:
@@ -150,8 +151,12 @@ class MemberSocket(AsyncWebsocketConsumer):
         await self.accept()
         await self.send_state()
 
-    async def admit(self) -> bool:
-        """Look up what the socket is for; False refuses it (404)."""
+    def opening(self) -> list[str] | None:
+        """The groups to join, or None to refuse the socket (404); one trip off the loop."""
+        return self.groups_to_join() if self.admit() else None
+
+    def admit(self) -> bool:
+        """Look up what the socket is for; False refuses it (runs off the loop)."""
         return True
 
     def groups_to_join(self) -> list[str]:

@@ -8,7 +8,10 @@ both on the same fresh SQLite database. The schema must be the same in both.
 * ``post``: sequential decision POSTs, no run waiting (as ``decision_post.py``);
 * ``rt``: the approval round trip, POST sent -> tool result (as ``roundtrip.py``),
   and the launch before it, message sent -> pending card; ``--tabs N`` holds N
-  idle chat tabs of another member open meanwhile.
+  idle chat tabs of another member open meanwhile;
+* ``open``: a member's tab opening on one of their 20 chats that wait on a
+  card, from the handshake to the catch-up, then closed (what each decision
+  in ``production.py`` costs besides itself); always interleaved.
 
 Prints each side's medians over rounds (p50, p99, server CPU per POST or
 approval from its CPU clock) and B/A. ``--interleave``: each round starts both
@@ -21,6 +24,7 @@ machine; it also prints the median of the rounds' own B/A.
     .venv/bin/python bench/ab.py rt --a ../before --b . --rounds 4 --n 200 --tabs 1000
     .venv/bin/python bench/ab.py rt --a ../before --b . --rounds 4 --n 250 --interleave
     .venv/bin/python bench/ab.py post --a ../before --b . --rounds 4 --n 400 --interleave
+    .venv/bin/python bench/ab.py open --a ../before --b . --rounds 4 --n 300
 """
 
 from __future__ import annotations
@@ -178,13 +182,69 @@ def rt_round_interleaved(roots: tuple[Path, Path], n: int) -> dict[Path, tuple[f
     return {root: _figures(trips) for root, trips in results.items()}
 
 
+WAITING_CHATS = 20
+
+
+def waiting_chats(server, user, session: str) -> list[int]:
+    """The member's chats, each parked on a pending ``echo`` card through the socket."""
+    from websockets.sync.client import connect
+
+    chats = []
+    for n in range(WAITING_CHATS):
+        conversation = harness.make_conversation(user)
+        with connect(
+            f"{server.ws_url}/ws/c/{conversation.pk}/",
+            additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url},
+        ) as ws:
+            harness.recv_until(ws, 'id="transcript"')
+            ws.send(f'{{"message": "echo out-{n}"}}')
+            harness.recv_until(ws, 'data-status="pending"')
+        chats.append(conversation.pk)
+    return chats
+
+
+def open_round_interleaved(roots: tuple[Path, Path], n: int, warmup: int = 20) -> dict:
+    """Both checkouts' servers up at once, one tab opened on each in turn."""
+    from websockets.sync.client import connect
+
+    servers, tabs = [], {}
+    try:
+        for root in roots:
+            user, session = member(root)
+            server = start(root)
+            servers.append(server)
+            tabs[root] = (server, session, waiting_chats(server, user, session))
+        figures = {root: ([], []) for root in roots}
+        for i in range(n + warmup):
+            for root in roots if i % 2 == 0 else roots[::-1]:
+                server, session, chats = tabs[root]
+                url = f"{server.ws_url}/ws/c/{chats[i % len(chats)]}/"
+                cpu0 = harness.cpu_seconds(server.pid)
+                t0 = time.perf_counter()
+                with connect(
+                    url, additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url}
+                ) as ws:
+                    harness.recv_until(ws, 'data-status="pending"')
+                    elapsed = time.perf_counter() - t0
+                if i >= warmup:
+                    figures[root][0].append(elapsed)
+                    figures[root][1].append(harness.cpu_seconds(server.pid) - cpu0)
+    finally:
+        for server in servers:
+            server.stop()
+    return {
+        root: (statistics.median(t), harness.percentile(t, 99), statistics.fmean(cpu))
+        for root, (t, cpu) in figures.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=("post", "rt"))
+    parser.add_argument("kind", choices=("post", "rt", "open"))
     parser.add_argument("--a", required=True, type=Path, help="checkout A (before)")
     parser.add_argument("--b", required=True, type=Path, help="checkout B (after)")
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--n", type=int, default=400, help="POSTs or approvals per round")
+    parser.add_argument("--n", type=int, default=400, help="POSTs, approvals or tabs per round")
     parser.add_argument("--tabs", type=int, default=0, help="rt: idle tabs of another member")
     parser.add_argument(
         "--interleave",
@@ -201,9 +261,14 @@ def main() -> None:
     else:
         measure = functools.partial(rt_round, tabs=args.tabs)
     results: dict[Path, list[tuple[float, float, float]]] = {root: [] for root in roots}
+    both_at_once = {
+        "post": post_round_interleaved,
+        "rt": rt_round_interleaved,
+        "open": open_round_interleaved,
+    }
     for r in range(args.rounds):
-        if args.interleave:
-            both = post_round_interleaved if args.kind == "post" else rt_round_interleaved
+        if args.interleave or args.kind == "open":
+            both = both_at_once[args.kind]
             for root, figures in both(roots, args.n).items():
                 results[root].append(figures)
             continue

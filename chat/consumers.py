@@ -33,13 +33,15 @@ class ChatConsumer(MemberSocket):
 
     conversation_id: int | None = None
 
-    async def admit(self) -> bool:
+    def admit(self) -> bool:
         conversation_id = int(self.scope["url_route"]["kwargs"]["conversation_id"])
-        conversation = await off_loop(_conversation_for, conversation_id, self.user)
+        conversation = _conversation_for(conversation_id, self.user)
         if conversation is None:
             return False
         self.conversation_id = conversation_id
         self.group = conversation.group_name
+        # Off the loop, yet the socket's task keeps it: sync_to_async carries
+        # context variables back to its caller.
         log_context_keep(user_id=self.user.pk, conversation_id=conversation_id)
         self.seq = 0
         return True

@@ -231,7 +231,7 @@ def waiting_markers(user, *, approval_ids: list[str] | None = None) -> str:
     """The sidebar's "waiting" markers, swapped in place: those of the member's
     chats that these approvals belong to, or (None) of the sidebar's whole list."""
     if approval_ids is None:
-        waiting = {c.pk: c.waiting for c in conversation_list(owner=user)}
+        waiting = dict(conversation_list(owner=user).values_list("pk", "waiting"))
     else:
         touched = set(
             ToolApproval.objects.filter(
@@ -244,13 +244,7 @@ def waiting_markers(user, *, approval_ids: list[str] | None = None) -> str:
             .values_list("conversation_id", flat=True)
         )
         waiting = {pk: pk in pending for pk in sorted(touched)}
-    return "".join(
-        render_to_string(
-            "chat/_waiting_marker.html",
-            {"conversation_id": pk, "waiting": is_waiting, "oob": True},
-        )
-        for pk, is_waiting in waiting.items()
-    )
+    return render_to_string("chat/_waiting_markers.html", {"markers": waiting.items()})
 
 
 def page_context(conversation: Conversation) -> dict:

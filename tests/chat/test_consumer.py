@@ -529,3 +529,16 @@ async def test_a_message_its_handler_fails_on_closes_the_socket_for_a_reconnect(
     while (output := await comm.receive_output(timeout=BOUND))["type"] != "websocket.close":
         pass
     assert output.get("code", 1000) == 1000
+
+
+async def test_a_sockets_log_lines_name_its_member_and_conversation(conversation, alice, caplog):
+    from studio.logs import ContextFilter
+
+    caplog.handler.addFilter(ContextFilter())
+    comm, connected, _ = await open_socket(conversation.pk, alice)
+    await receive_until(comm, 'id="transcript"')
+    await get_channel_layer().group_send(conversation.group_name, {"type": "chat.fragment"})
+    while (await comm.receive_output(timeout=BOUND))["type"] != "websocket.close":
+        pass
+    [record] = [r for r in caplog.records if r.getMessage().startswith("socket: handling")]
+    assert (record.user_id, record.conversation_id) == (str(alice.pk), str(conversation.pk))
