@@ -259,6 +259,19 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
+def postgres_cpu() -> float:
+    """CPU seconds of the PostgreSQL processes running now (a backend that exits
+    takes its own with it; the pools keep theirs open for the whole window)."""
+    total = 0.0
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            if comm.read_text().strip() == "postgres":
+                total += harness.cpu_seconds(int(comm.parent.name))
+        except (OSError, ValueError):
+            continue  # exited meanwhile
+    return total
+
+
 def studio(args, work: Path, layout: str) -> dict:
     from approvals.models import ToolApproval
     from chat.models import Message, Run
@@ -339,6 +352,7 @@ def studio(args, work: Path, layout: str) -> dict:
             )
             fleet.mark()
             timing["wsgi_cpu0"] = tree_cpu(wsgi.pid) if wsgi else 0.0
+            timing["postgres_cpu0"] = postgres_cpu()
             timing["started"] = time.monotonic()
             stop_at = timing["started"] + args.seconds
             restarter.start()
@@ -352,6 +366,7 @@ def studio(args, work: Path, layout: str) -> dict:
         started = timing["started"]
         wsgi_cpu0 = timing["wsgi_cpu0"]
         cpu = fleet.cpu() + (tree_cpu(wsgi.pid) - wsgi_cpu0 if wsgi else 0.0)
+        database_cpu = postgres_cpu() - timing["postgres_cpu0"]
         window = time.monotonic() - started
         # Lost: decided, and never finished with its own output.
         deadline = time.monotonic() + 60
@@ -380,6 +395,7 @@ def studio(args, work: Path, layout: str) -> dict:
             "park_s": park_s,
             "load": load,
             "cpu": cpu,
+            "database_cpu": database_cpu,
             "window": window,
             "lost": lost,
             "twice": twice,
@@ -516,7 +532,8 @@ def report(args, layout: str, s: dict) -> None:
     )
     print(
         f"  server CPU per decision (both processes, streams included): "
-        f"{s['cpu'] / max(1, len(load.decided)) * 1000:.1f} ms; streams delivered "
+        f"{s['cpu'] / max(1, len(load.decided)) * 1000:.1f} ms, PostgreSQL's "
+        f"{s['database_cpu'] / max(1, len(load.decided)) * 1000:.1f} ms; streams delivered "
         f"{load.tokens / max(load.stream_seconds, 1e-9):.0f} tok/s per chat"
     )
 

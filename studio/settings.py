@@ -152,6 +152,12 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
         "max_size": env_int("STUDIO_DB_POOL_SIZE", 20, minimum=2),
         "timeout": 60,
     }
+    if env_bool("STUDIO_DB_PREPARED_STATEMENTS", True):
+        # Every catch-up and every decision repeats the same few queries:
+        # bound on the server, psycopg prepares each after its fifth use on a
+        # connection, and PostgreSQL parses and plans it no more. Off behind a
+        # pooler that cannot keep prepared statements (PgBouncer's transaction mode).
+        _db["OPTIONS"].update({"server_side_binding": True, "prepare_threshold": 5})
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
