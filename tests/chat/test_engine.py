@@ -265,6 +265,31 @@ async def test_a_slow_tool_does_not_hold_the_decided_card_back(
     await until(lambda: finished(conversation))
 
 
+async def test_a_decided_calls_result_goes_out_before_the_model_is_asked_again(
+    rt, conversation, alice, monkeypatch
+):
+    """The member watches the card: its result does not wait for the next request's
+    transcript, held here until the tab has the result (or 5 s have passed)."""
+    from chat import agent
+
+    result_seen = threading.Event()
+    first = []  # per request built: whether the tab had the result by then
+    build = agent.transcript_build
+
+    def held_build(*args, **kwargs):
+        first.append(result_seen.wait(5))
+        return build(*args, **kwargs)
+
+    tab, approval = await watched(rt, conversation)
+    monkeypatch.setattr(agent, "transcript_build", held_build)
+    await decide(approval, alice, "allow")
+    html = (await tab.until("data-tool-result="))["html"]
+    result_seen.set()
+    assert "42" in html
+    await until(lambda: finished(conversation))
+    assert first == [True]
+
+
 async def test_a_run_that_cannot_step_yet_does_not_hold_the_decided_card_back(
     rt, conversation, alice
 ):
