@@ -2,15 +2,16 @@
 
 Debian's nginx running ``deploy/nginx-site.conf`` (plain HTTP here, for
 both systems alike: TLS is nginx's cost, not theirs) in front of two
-daphne processes on PostgreSQL and Redis. 100 members each have a socket
-open; 2,000 calls wait; then decisions arrive at a steady rate (20/s for
-60 s by default) while 10 chats stream, and both processes are restarted,
-one after the other, in the middle. Each decision is timed from its POST to
-its tool's result on its member's socket. Reported: p50 and p99, errors,
-lost calls (decided but never finished with their own output), server CPU
-per decision, and the streams' rate. Then the minimal Channels peer behind
-the same nginx takes the same rate of approvals (a card, then its
-decision: it keeps nothing that could wait long or outlive a restart).
+daphne processes (``--processes``) on PostgreSQL and Redis. 100 members
+each have a socket open; 2,000 calls wait; then decisions arrive at a
+steady rate (20/s for 60 s by default) while 10 chats stream, and the
+processes are restarted, one after the other, in the middle. Each decision
+is timed from its POST to its tool's result on its member's socket.
+Reported: p50 and p99, errors, lost calls (decided but never finished with
+their own output), server and PostgreSQL CPU per decision, and the
+streams' rate. Then the minimal Channels peer behind the same nginx takes
+the same rate of approvals (a card, then its decision: it keeps nothing
+that could wait long or outlive a restart).
 
     .venv/bin/python bench/production.py --waiting 2000 --rate 20 --seconds 60
 """
@@ -291,7 +292,7 @@ def studio(args, work: Path, layout: str) -> dict:
         PYTHONPATH=f"{harness.ROOT}:{harness.ROOT / 'bench' / 'gcprobe'}",
         STUDIO_BENCH_GC_DIR=str(collections),
     )  # fmt: skip
-    fleet = Fleet(env, [free_port(), free_port()], harness.ROOT / "bench")
+    fleet = Fleet(env, [free_port() for _ in range(args.processes)], harness.ROOT / "bench")
     wsgi = None
     if layout == "wsgi":
         wsgi = DaphneProcess(
@@ -465,6 +466,7 @@ class PeerAddress:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--waiting", type=int, default=2000)
+    parser.add_argument("--processes", type=int, default=2, help="daphne processes")
     parser.add_argument("--members", type=int, default=100)
     parser.add_argument("--streams", type=int, default=10)
     parser.add_argument("--stream-pace", type=float, default=100, help="each stream's tokens/s")
@@ -509,12 +511,14 @@ def report(args, layout: str, s: dict) -> None:
     load: Load = s["load"]
     total = len(load.latencies)
     shape = (
-        "2 daphne" if layout == "daphne" else "gunicorn (4 workers) for HTTP + 2 daphne for sockets"
+        f"{args.processes} daphne"
+        if layout == "daphne"
+        else f"gunicorn (4 workers) for HTTP + {args.processes} daphne for sockets"
     )
     print(
         f"Studio, {shape}, behind nginx, PostgreSQL + Redis; {args.waiting} calls waiting "
         f"(started in {s['park_s']:.0f} s), {args.members} members' sockets, {args.streams} "
-        f"chats streaming at {args.stream_pace:g} tok/s each; rolling restart of both "
+        f"chats streaming at {args.stream_pace:g} tok/s each; rolling restart of every "
         f"processes in the middle ({s['restart'] or 0:.1f} s)"
     )
     print(
@@ -531,7 +535,7 @@ def report(args, layout: str, s: dict) -> None:
         f"{sum(pauses):.2f} s in all, the longest {max(pauses, default=0) * 1000:.0f} ms"
     )
     print(
-        f"  server CPU per decision (both processes, streams included): "
+        f"  server CPU per decision (every process, streams included): "
         f"{s['cpu'] / max(1, len(load.decided)) * 1000:.1f} ms, PostgreSQL's "
         f"{s['database_cpu'] / max(1, len(load.decided)) * 1000:.1f} ms; streams delivered "
         f"{load.tokens / max(load.stream_seconds, 1e-9):.0f} tok/s per chat"
