@@ -260,17 +260,39 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
-def postgres_cpu() -> float:
-    """CPU seconds of the PostgreSQL processes running now (a backend that exits
-    takes its own with it; the pools keep theirs open for the whole window)."""
-    total = 0.0
-    for comm in Path("/proc").glob("[0-9]*/comm"):
-        try:
-            if comm.read_text().strip() == "postgres":
-                total += harness.cpu_seconds(int(comm.parent.name))
-        except (OSError, ValueError):
-            continue  # exited meanwhile
-    return total
+class PostgresCpu:
+    """CPU seconds of the PostgreSQL processes from ``start`` to ``stop``, read
+    every half second: a backend that exits (its server process restarted)
+    keeps what it had spent by its last reading; one that starts counts whole."""
+
+    def __init__(self) -> None:
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _read(self) -> None:
+        for comm in Path("/proc").glob("[0-9]*/comm"):
+            try:
+                if comm.read_text().strip() == "postgres":
+                    self.last[int(comm.parent.name)] = harness.cpu_seconds(int(comm.parent.name))
+            except (OSError, ValueError):
+                continue  # exited meanwhile
+
+    def _watch(self) -> None:
+        while not self.done.wait(0.5):
+            self._read()
+
+    def start(self) -> None:
+        self._read()
+        self.first = dict(self.last)
+        self.thread.start()
+
+    def stop(self) -> float:
+        self.done.set()
+        self.thread.join()
+        self._read()
+        return sum(seconds - self.first.get(pid, 0.0) for pid, seconds in self.last.items())
 
 
 def studio(args, work: Path, layout: str) -> dict:
@@ -343,6 +365,7 @@ def studio(args, work: Path, layout: str) -> dict:
                 restart["seconds"] = fleet.rolling_restart()
 
         timing: dict[str, float] = {}
+        database = PostgresCpu()
         restarter = threading.Thread(target=restart_later)
 
         async def run() -> None:
@@ -353,7 +376,7 @@ def studio(args, work: Path, layout: str) -> dict:
             )
             fleet.mark()
             timing["wsgi_cpu0"] = tree_cpu(wsgi.pid) if wsgi else 0.0
-            timing["postgres_cpu0"] = postgres_cpu()
+            database.start()
             timing["started"] = time.monotonic()
             stop_at = timing["started"] + args.seconds
             restarter.start()
@@ -367,7 +390,7 @@ def studio(args, work: Path, layout: str) -> dict:
         started = timing["started"]
         wsgi_cpu0 = timing["wsgi_cpu0"]
         cpu = fleet.cpu() + (tree_cpu(wsgi.pid) - wsgi_cpu0 if wsgi else 0.0)
-        database_cpu = postgres_cpu() - timing["postgres_cpu0"]
+        database_cpu = database.stop()
         window = time.monotonic() - started
         # Lost: decided, and never finished with its own output.
         deadline = time.monotonic() + 60
@@ -518,8 +541,8 @@ def report(args, layout: str, s: dict) -> None:
     print(
         f"Studio, {shape}, behind nginx, PostgreSQL + Redis; {args.waiting} calls waiting "
         f"(started in {s['park_s']:.0f} s), {args.members} members' sockets, {args.streams} "
-        f"chats streaming at {args.stream_pace:g} tok/s each; rolling restart of every "
-        f"processes in the middle ({s['restart'] or 0:.1f} s)"
+        f"chats streaming at {args.stream_pace:g} tok/s each; rolling restart of each "
+        f"process in the middle ({s['restart'] or 0:.1f} s)"
     )
     print(
         f"  decisions: {len(load.decided)} in {s['window']:.0f} s; POST -> result on the socket "
