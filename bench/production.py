@@ -39,6 +39,11 @@ DATABASE_URL = "postgres://postgres@127.0.0.1:5432/studio_bench"
 REDIS_URL = "redis://127.0.0.1:6379/5"
 RESULT = "data-tool-result="
 STREAM_TOKENS = 500  # each streamed reply: 5 s at 100 tok/s
+# A restart as deploy/systemd does it: SIGKILL only after the unit's
+# TimeoutStopSec, and the next process only once this one has answered for a
+# few seconds (a request its restart refused has been retried on the other by then).
+STOP_TIMEOUT = 40
+SETTLE_SECONDS = 5
 
 
 class Fleet:
@@ -69,8 +74,10 @@ class Fleet:
     def rolling_restart(self) -> float:
         started = self.restart_started = time.monotonic()
         for n, server in enumerate(list(self.servers)):
+            if n:
+                time.sleep(SETTLE_SECONDS)
             self.cpu_spent += harness.cpu_seconds(server.pid) - self.marks.get(server.pid, 0.0)
-            server.stop()
+            server.stop(timeout=STOP_TIMEOUT)
             successor = self._start(server.port, n)
             self.marks[successor.pid] = harness.cpu_seconds(successor.pid)
             self.servers[n] = successor

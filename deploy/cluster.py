@@ -98,11 +98,12 @@ class DaphneProcess:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10) -> None:
+        """SIGTERM, and SIGKILL if it has not exited within ``timeout`` seconds."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(10)
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
