@@ -187,15 +187,10 @@ WAITING_CHATS = 20
 
 def waiting_chats(server, user, session: str) -> list[int]:
     """The member's chats, each parked on a pending ``echo`` card through the socket."""
-    from websockets.sync.client import connect
-
     chats = []
     for n in range(WAITING_CHATS):
         conversation = harness.make_conversation(user)
-        with connect(
-            f"{server.ws_url}/ws/c/{conversation.pk}/",
-            additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url},
-        ) as ws:
+        with harness.chat_socket(server, session, conversation.pk) as ws:
             harness.recv_until(ws, 'id="transcript"')
             ws.send(f'{{"message": "echo out-{n}"}}')
             harness.recv_until(ws, 'data-status="pending"')
@@ -205,8 +200,6 @@ def waiting_chats(server, user, session: str) -> list[int]:
 
 def open_round_interleaved(roots: tuple[Path, Path], n: int, warmup: int = 20) -> dict:
     """Both checkouts' servers up at once, one tab opened on each in turn."""
-    from websockets.sync.client import connect
-
     servers, tabs = [], {}
     try:
         for root in roots:
@@ -218,12 +211,9 @@ def open_round_interleaved(roots: tuple[Path, Path], n: int, warmup: int = 20) -
         for i in range(n + warmup):
             for root in roots if i % 2 == 0 else roots[::-1]:
                 server, session, chats = tabs[root]
-                url = f"{server.ws_url}/ws/c/{chats[i % len(chats)]}/"
                 cpu0 = harness.cpu_seconds(server.pid)
                 t0 = time.perf_counter()
-                with connect(
-                    url, additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url}
-                ) as ws:
+                with harness.chat_socket(server, session, chats[i % len(chats)]) as ws:
                     harness.recv_until(ws, 'data-status="pending"')
                     elapsed = time.perf_counter() - t0
                 if i >= warmup:

@@ -241,15 +241,19 @@ def recv_until(ws, needle: str, timeout: float = 20) -> str:
             return "\n".join(seen)
 
 
-def open_chat(server, user, session: str):
-    """A new conversation of ``user``'s, its chat socket open (sync websockets client)."""
+def chat_socket(server, session: str, conversation_id: int):
+    """A member's chat socket on a conversation, as their page opens it (sync websockets client)."""
     from websockets.sync.client import connect
 
-    conversation = make_conversation(user)
-    ws = connect(
-        f"{server.ws_url}/ws/c/{conversation.pk}/",
+    return connect(
+        f"{server.ws_url}/ws/c/{conversation_id}/",
         additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url},
     )
+
+
+def open_chat(server, user, session: str):
+    """A new conversation of ``user``'s, its chat socket open and caught up."""
+    ws = chat_socket(server, session, make_conversation(user).pk)
     recv_until(ws, 'id="transcript"')
     return ws
 
