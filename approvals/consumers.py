@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 
@@ -85,8 +86,19 @@ class MemberSocket(AsyncWebsocketConsumer):
             await self.stop_listening()
 
     async def dispatch(self, message: dict) -> None:
+        """The message's handler, without Channels' hop to close old connections.
+
+        Channels' ``dispatch`` first closes stale database connections on the
+        process's one sync thread, for every message of every socket: each
+        costs two thread switches, and a fragment waits behind other sockets'
+        session loads. A socket's database work is on the runtime's pools,
+        which give each connection back when done.
+        """
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']!r}")
         async with self.dispatching:
-            await super().dispatch(message)
+            await handler(message)
 
     async def listen(self) -> None:
         """Open the socket's channel; its messages are dispatched in order."""

@@ -11,7 +11,11 @@ both on the same fresh SQLite database. The schema must be the same in both.
   idle chat tabs of another member open meanwhile;
 * ``open``: a member's tab opening on one of their 20 chats that wait on a
   card, from the handshake to the catch-up, then closed (what each decision
-  in ``production.py`` costs besides itself); always interleaved.
+  in ``production.py`` costs besides itself); always interleaved;
+* ``stream``: 10 chats of one member streaming a reply at once (300 tokens
+  at 100 tok/s each), ``--n`` bursts per round on each checkout in turn:
+  printed as p50 when the median reply ended, p99 when the last one did,
+  CPU the server's per fragment delivered; always interleaved.
 
 Prints each side's medians over rounds (p50, p99, server CPU per POST or
 approval from its CPU clock) and B/A. ``--interleave``: each round starts both
@@ -25,6 +29,7 @@ machine; it also prints the median of the rounds' own B/A.
     .venv/bin/python bench/ab.py rt --a ../before --b . --rounds 4 --n 250 --interleave
     .venv/bin/python bench/ab.py post --a ../before --b . --rounds 4 --n 400 --interleave
     .venv/bin/python bench/ab.py open --a ../before --b . --rounds 4 --n 300
+    .venv/bin/python bench/ab.py stream --a ../before --b . --rounds 3 --n 6
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ from deploy.cluster import DaphneProcess
 def start(root: Path) -> DaphneProcess:
     # daphne imports the application from its working directory.
     deploy.cluster.ROOT = root
-    env = harness.server_env(PYTHONPATH=str(root))
+    # Two servers share one SQLite database but not a channel layer: one's
+    # sweep could resume a run the other just woke, and its result would
+    # never reach the other's socket.
+    env = harness.server_env(PYTHONPATH=str(root), STUDIO_APPROVAL_POLL_SECONDS="3600")
     return DaphneProcess(env=env, app="bench.asgi:application").start()
 
 
@@ -228,9 +236,57 @@ def open_round_interleaved(roots: tuple[Path, Path], n: int, warmup: int = 20) -
     }
 
 
+STREAM_CHATS = 10
+
+
+def stream_round_interleaved(
+    roots: tuple[Path, Path], n: int, tokens: int = 300, pace: float = 100
+) -> dict:
+    """Both checkouts' servers up at once; ``n`` bursts on each in turn, each
+    burst ``STREAM_CHATS`` chats streaming ``tokens`` tokens at ``pace`` tok/s."""
+    servers, chats = [], {}
+    try:
+        for root in roots:
+            user, session = member(root)
+            server = start(root)
+            servers.append(server)
+            chats[root] = (
+                server,
+                [harness.open_chat(server, user, session) for _ in range(STREAM_CHATS)],
+            )
+        figures = {root: ([], [], []) for root in roots}
+        for i in range(n + 1):
+            for root in roots if i % 2 == 0 else roots[::-1]:
+                server, sockets = chats[root]
+                cpu0 = harness.cpu_seconds(server.pid)
+                t0 = time.perf_counter()
+                for ws in sockets:
+                    ws.send(f'{{"message": "stream {tokens} {pace:g}"}}')
+                ends, frames = [], 0
+                for ws in sockets:
+                    while 'data-running="false"' not in ws.recv(timeout=60):
+                        frames += 1
+                    ends.append(time.perf_counter() - t0)
+                cpu = harness.cpu_seconds(server.pid) - cpu0
+                if i:  # the first burst warms up
+                    figures[root][0].append(statistics.median(ends))
+                    figures[root][1].append(max(ends))
+                    figures[root][2].append(cpu / frames)
+    finally:
+        for _, sockets in chats.values():
+            for ws in sockets:
+                ws.close()
+        for server in servers:
+            server.stop()
+    return {
+        root: (statistics.median(a), statistics.median(b), statistics.median(c))
+        for root, (a, b, c) in figures.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=("post", "rt", "open"))
+    parser.add_argument("kind", choices=("post", "rt", "open", "stream"))
     parser.add_argument("--a", required=True, type=Path, help="checkout A (before)")
     parser.add_argument("--b", required=True, type=Path, help="checkout B (after)")
     parser.add_argument("--rounds", type=int, default=6)
@@ -255,9 +311,10 @@ def main() -> None:
         "post": post_round_interleaved,
         "rt": rt_round_interleaved,
         "open": open_round_interleaved,
+        "stream": stream_round_interleaved,
     }
     for r in range(args.rounds):
-        if args.interleave or args.kind == "open":
+        if args.interleave or args.kind in ("open", "stream"):
             both = both_at_once[args.kind]
             for root, figures in both(roots, args.n).items():
                 results[root].append(figures)

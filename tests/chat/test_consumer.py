@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -542,3 +545,33 @@ async def test_a_sockets_log_lines_name_its_member_and_conversation(conversation
         pass
     [record] = [r for r in caplog.records if r.getMessage().startswith("socket: handling")]
     assert (record.user_id, record.conversation_id) == (str(alice.pk), str(conversation.pk))
+
+
+async def test_a_fragment_reaches_its_tab_while_the_one_sync_thread_is_busy(conversation, alice):
+    """Channels' consumers hop to the process's one sync thread before every
+    message; a tab's fragments must not queue there behind other sockets'
+    session loads or any slow sync call."""
+    comm, connected, _ = await open_socket(conversation.pk, alice)
+    await receive_until(comm, 'id="transcript"')
+    occupied, released = threading.Event(), threading.Event()
+
+    def occupy() -> None:
+        occupied.set()
+        released.wait(BOUND)
+
+    busy = asyncio.ensure_future(sync_to_async(occupy)())
+    try:
+        deadline = time.monotonic() + BOUND
+        while not occupied.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert occupied.is_set()
+        html = '<p id="fragment">while busy</p>'
+        await get_channel_layer().group_send(
+            conversation.group_name, {"type": "chat.fragment", "html": html}
+        )
+        assert await comm.receive_from(timeout=5) == html
+        assert not released.is_set() and not busy.done(), "the sync thread was busy throughout"
+    finally:
+        released.set()
+        await busy
+    await comm.disconnect()
