@@ -8,7 +8,8 @@ both on the same fresh SQLite database. The schema must be the same in both.
 * ``post``: sequential decision POSTs, no run waiting (as ``decision_post.py``);
 * ``rt``: the approval round trip, POST sent -> tool result (as ``roundtrip.py``),
   and the launch before it, message sent -> pending card; ``--tabs N`` holds N
-  idle chat tabs of another member open meanwhile;
+  idle chat tabs of another member open meanwhile, ``--streams N`` (with
+  ``--interleave``) N chats of the member streaming replies on each server;
 * ``open``: a member's tab opening on one of their 20 chats that wait on a
   card, from the handshake to the catch-up, then closed (what each decision
   in ``production.py`` costs besides itself); always interleaved;
@@ -27,6 +28,7 @@ machine; it also prints the median of the rounds' own B/A.
     .venv/bin/python bench/ab.py post --a ../before --b . --rounds 6 --n 400
     .venv/bin/python bench/ab.py rt --a ../before --b . --rounds 4 --n 200 --tabs 1000
     .venv/bin/python bench/ab.py rt --a ../before --b . --rounds 4 --n 250 --interleave
+    .venv/bin/python bench/ab.py rt --a ../before --b . --rounds 3 --n 200 --interleave --streams 10
     .venv/bin/python bench/ab.py post --a ../before --b . --rounds 4 --n 400 --interleave
     .venv/bin/python bench/ab.py open --a ../before --b . --rounds 4 --n 300
     .venv/bin/python bench/ab.py stream --a ../before --b . --rounds 3 --n 6
@@ -35,6 +37,7 @@ machine; it also prints the median of the rounds' own B/A.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import statistics
 import time
@@ -164,24 +167,30 @@ def _figures(trips: harness.RoundTrips) -> tuple[float, ...]:
     )
 
 
-def rt_round_interleaved(roots: tuple[Path, Path], n: int) -> dict[Path, tuple[float, ...]]:
-    """Both checkouts' servers up at once, one approval on each in turn."""
+def rt_round_interleaved(
+    roots: tuple[Path, Path], n: int, streams: int = 0
+) -> dict[Path, tuple[float, ...]]:
+    """Both checkouts' servers up at once, one approval on each in turn
+    (``streams``: while that many chats stream on each)."""
     servers, clients, cycles = [], [], {}
     try:
-        for root in roots:
-            user, session = member(root)
-            server = start(root)
-            servers.append(server)
-            http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
-            clients.append(http)
-            cycles[root] = harness.SocketCycles(
-                ws_server=server,
-                user=user,
-                session=session,
-                decide=harness.member_allow(http),
-                cpu_pid=server.pid,
-            )
-        results = harness.interleaved(cycles, count=n, warmup=20)
+        with contextlib.ExitStack() as chatting:
+            for root in roots:
+                user, session = member(root)
+                server = start(root)
+                servers.append(server)
+                if streams:
+                    chatting.enter_context(harness.Streams(server, user, session, streams))
+                http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
+                clients.append(http)
+                cycles[root] = harness.SocketCycles(
+                    ws_server=server,
+                    user=user,
+                    session=session,
+                    decide=harness.member_allow(http),
+                    cpu_pid=server.pid,
+                )
+            results = harness.interleaved(cycles, count=n, warmup=20)
     finally:
         for c in [*cycles.values(), *clients]:
             c.close()
@@ -293,6 +302,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=400, help="POSTs, approvals or tabs per round")
     parser.add_argument("--tabs", type=int, default=0, help="rt: idle tabs of another member")
     parser.add_argument(
+        "--streams", type=int, default=0, help="rt --interleave: chats streaming on each server"
+    )
+    parser.add_argument(
         "--interleave",
         action="store_true",
         help="A and B at once, one POST or approval each in turn",
@@ -300,6 +312,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.interleave and args.tabs:
         parser.error("--interleave is for runs without --tabs")
+    if args.streams and not (args.kind == "rt" and args.interleave):
+        parser.error("--streams is for rt --interleave")
     roots = (args.a.resolve(), args.b.resolve())
     harness.setup_django(f"sqlite:///{harness.ROOT / 'bench' / '.bench-ab.sqlite3'}")
     if args.kind == "post":
@@ -309,7 +323,7 @@ def main() -> None:
     results: dict[Path, list[tuple[float, float, float]]] = {root: [] for root in roots}
     both_at_once = {
         "post": post_round_interleaved,
-        "rt": rt_round_interleaved,
+        "rt": functools.partial(rt_round_interleaved, streams=args.streams),
         "open": open_round_interleaved,
         "stream": stream_round_interleaved,
     }

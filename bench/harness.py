@@ -181,6 +181,36 @@ class IdleTabs:
         await asyncio.gather(*(ws.close() for ws in self.sockets), return_exceptions=True)
 
 
+class Streams:
+    """``count`` chats of one member asking for a streamed reply (300 tokens at
+    100 tok/s) one after another, each on its own socket and thread, for as
+    long as the ``with`` block lasts: the load a decision meets while others chat."""
+
+    REQUEST = '{"message": "stream 300 100"}'
+
+    def __init__(self, server, user, session: str, count: int) -> None:
+        self.server, self.user, self.session, self.count = server, user, session, count
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._chat, daemon=True) for _ in range(count)]
+
+    def __enter__(self) -> Streams:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+    def _chat(self) -> None:
+        with chat_socket(self.server, self.session, make_conversation(self.user).pk) as ws:
+            recv_until(ws, 'id="transcript"')
+            while not self.stop.is_set():
+                ws.send(self.REQUEST)
+                recv_until(ws, 'data-running="false"', timeout=60)
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process so far, all its threads (those gone too).
 
