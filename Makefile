@@ -30,7 +30,7 @@ run: $(VENV)/.runtime
 		$(VENV)/bin/daphne -b $(HOST) -p $(PORT) studio.asgi:application
 
 test: $(VENV)/.dev
-	./scripts/ensure-system-packages chromium:chromium bubblewrap:bwrap python3-matplotlib:py:matplotlib nginx:nginx openssl:openssl
+	./scripts/ensure-system-packages chromium:chromium bubblewrap:bwrap python3-matplotlib:py:matplotlib nginx:nginx openssl:openssl prometheus:prometheus
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@echo "== pass 1: SQLite + in-memory channel layer, browser tests included"

@@ -188,16 +188,22 @@ def test_json_lines_carry_the_ids():
     assert (line["run_id"], line["conversation_id"], line["approval_id"]) == ("r-1", "7", "")
 
 
-def test_the_grafana_dashboard_asks_only_for_metrics_studio_serves(token):
+def _asked_by(path: str) -> set[str]:
+    """The metric names a shipped file's queries use."""
     from django.conf import settings
 
-    dashboard = json.loads((settings.BASE_DIR / "deploy" / "grafana-dashboard.json").read_text())
-    asked = {
-        name
-        for panel in dashboard["panels"]
-        for target in panel["targets"]
-        for name in re.findall(r"\bstudio_\w+", target["expr"])
-    }
+    text = (settings.BASE_DIR / "deploy" / path).read_text()
+    if path.endswith(".json"):
+        dashboard = json.loads(text)
+        text = "\n".join(t["expr"] for panel in dashboard["panels"] for t in panel["targets"])
+    else:  # the alert rules: their expressions, not their words
+        text = "\n".join(re.findall(r"expr: (\|\n(?:\s{10}.*\n)+|.*)", text))
+    return set(re.findall(r"\bstudio_\w+", text))
+
+
+@pytest.mark.parametrize("path", ["grafana-dashboard.json", "prometheus-alerts.yml"])
+def test_the_dashboard_and_alerts_ask_only_for_metrics_studio_serves(token, path):
+    asked = _asked_by(path)
     text = Client().get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").content.decode()
     served = set(re.findall(r"^# TYPE (studio_\w+) (\w+)", text, re.M))
     names = set()
