@@ -75,6 +75,14 @@ def member(root: Path) -> tuple[object, str]:
     return user, client.cookies["sessionid"].value
 
 
+def served(root: Path, servers: list[DaphneProcess]) -> tuple[DaphneProcess, object, str]:
+    """A new member of ``root``'s and its server, started (``servers``: to stop it later)."""
+    user, session = member(root)
+    server = start(root)
+    servers.append(server)
+    return server, user, session
+
+
 def post_round(root: Path, n: int, warmup: int = 30) -> tuple[float, float, float]:
     user, session = member(root)
     rows = harness.make_pending(user, harness.make_conversation(user), n + warmup)
@@ -176,9 +184,7 @@ def rt_round_interleaved(
     try:
         with contextlib.ExitStack() as chatting:
             for root in roots:
-                user, session = member(root)
-                server = start(root)
-                servers.append(server)
+                server, user, session = served(root, servers)
                 if streams:
                     chatting.enter_context(harness.Streams(server, user, session, streams))
                 http = httpx.Client(base_url=server.url, cookies={"sessionid": session}, timeout=10)
@@ -220,9 +226,7 @@ def open_round_interleaved(roots: tuple[Path, Path], n: int, warmup: int = 20) -
     servers, tabs = [], {}
     try:
         for root in roots:
-            user, session = member(root)
-            server = start(root)
-            servers.append(server)
+            server, user, session = served(root, servers)
             tabs[root] = (server, session, waiting_chats(server, user, session))
         figures = {root: ([], []) for root in roots}
         for i in range(n + warmup):
@@ -256,9 +260,7 @@ def stream_round_interleaved(
     servers, chats = [], {}
     try:
         for root in roots:
-            user, session = member(root)
-            server = start(root)
-            servers.append(server)
+            server, user, session = served(root, servers)
             chats[root] = (
                 server,
                 [harness.open_chat(server, user, session) for _ in range(STREAM_CHATS)],
