@@ -272,7 +272,7 @@ def stream_round_interleaved(
                 cpu0 = harness.cpu_seconds(server.pid)
                 t0 = time.perf_counter()
                 for ws in sockets:
-                    ws.send(f'{{"message": "stream {tokens} {pace:g}"}}')
+                    ws.send(harness.stream_request(tokens, pace))
                 ends, frames = [], 0
                 for ws in sockets:
                     while 'data-running="false"' not in ws.recv(timeout=60):

@@ -181,15 +181,21 @@ class IdleTabs:
         await asyncio.gather(*(ws.close() for ws in self.sockets), return_exceptions=True)
 
 
+def stream_request(tokens: int, pace: float = 0) -> str:
+    """The frame that asks bench/asgi.py's model for a reply of ``tokens`` tokens,
+    at ``pace`` tokens a second (0: as fast as it can)."""
+    return json.dumps({"message": f"stream {tokens}" + (f" {pace:g}" if pace else "")})
+
+
 class Streams:
     """``count`` chats of one member asking for a streamed reply (300 tokens at
     100 tok/s) one after another, each on its own socket and thread, for as
     long as the ``with`` block lasts: the load a decision meets while others chat."""
 
-    REQUEST = '{"message": "stream 300 100"}'
+    REQUEST = stream_request(300, 100)
 
     def __init__(self, server, user, session: str, count: int) -> None:
-        self.server, self.user, self.session, self.count = server, user, session, count
+        self.server, self.user, self.session = server, user, session
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._chat, daemon=True) for _ in range(count)]
 

@@ -210,7 +210,7 @@ async def streams(proxy, chats, load: Load, stop_at: float, pace: float) -> None
             try:
                 if ws is None:
                     ws, _ = await open_socket(proxy, session, cid, stop_at)
-                await ws.send(f'{{"message": "stream {STREAM_TOKENS} {pace:g}"}}')
+                await ws.send(harness.stream_request(STREAM_TOKENS, pace))
                 t0, tokens = time.monotonic(), 0
                 while True:
                     frame = await asyncio.wait_for(ws.recv(), 30)

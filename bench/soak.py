@@ -89,7 +89,7 @@ async def stream(proxy, session: str, cid: int, tally: Tally, stop_at: float, pa
             tally.errors.append(f"stream socket {type(exc).__name__}")
             continue
         try:
-            await ws.send(f'{{"message": "stream 500 {pace:g}"}}')
+            await ws.send(harness.stream_request(500, pace))
             await until(ws, 'data-running="false"', 60)
         except Exception as exc:
             tally.errors.append(f"stream {type(exc).__name__}")

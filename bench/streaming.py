@@ -12,7 +12,6 @@ deltas goes out arrives whole, in one fragment.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -71,8 +70,7 @@ def run(server, user, session, tokens, repeats, pace):
             ) as ws:
                 ws.recv(timeout=10)
                 sent = time.perf_counter()
-                command = f"stream {tokens} {pace}" if pace else f"stream {tokens}"
-                ws.send(json.dumps({"message": command}))
+                ws.send(harness.stream_request(tokens, pace))
                 first = last = None
                 frames = received = 0
                 while True:
