@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from deploy.cluster import free_port
 from deploy.proxy import LocalNginx
 from tests.factories import make_approval
 from tests.helpers.live import two_servers
-from tests.helpers.procs import ROOT
+from tests.helpers.procs import ROOT, until
 from tests.helpers.services import cluster_env
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
@@ -46,16 +45,6 @@ def prometheus_config(target: str, ca_file: Path, token_file: Path, folder: Path
     config.write_text(text)
     shutil.copy(ROOT / "deploy" / "prometheus-alerts.yml", folder / "studio-alerts.yml")
     return config
-
-
-def until(ask, what: str):
-    """``ask()`` until it answers something true; its answer."""
-    deadline = time.monotonic() + BOUND
-    while time.monotonic() < deadline:
-        if answer := ask():
-            return answer
-        time.sleep(0.2)
-    raise AssertionError(f"Prometheus never reported {what}")
 
 
 def test_each_shipped_alert_fires_when_it_should_and_not_before():

@@ -17,7 +17,7 @@ from chat.models import Message, Run
 from tests.factories import make_approval, make_conversation
 from tests.helpers.clients import APPROVAL_ID, Browserish, Tab, session_cookie
 from tests.helpers.live import LiveServer, two_servers
-from tests.helpers.procs import read_line, spawn
+from tests.helpers.procs import read_line, spawn, until
 from tests.helpers.services import cluster_env
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
@@ -39,13 +39,6 @@ def park_a_run(server, conversation, session, code: str = "print(6 * 7)") -> tup
     # The card is out just before the step lets the run go: wait for that.
     until(lambda: run_of(conversation).state == "waiting", "the run's wait")
     return tab, APPROVAL_ID.findall(frames)[-1]
-
-
-def until(predicate, what: str, bound: float = BOUND) -> None:
-    deadline = time.monotonic() + bound
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} did not happen in {bound} s"
-        time.sleep(0.05)
 
 
 def run_of(conversation) -> Run:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from django.conf import settings
@@ -67,3 +68,15 @@ def read_line(proc: subprocess.Popen, timeout: float) -> str:
         proc.wait(timeout)
         raise AssertionError(f"child exited ({proc.returncode}): {proc.stderr.read()}")
     return line
+
+
+def until(ask, what: str, bound: float = 30):
+    """``ask()`` until it answers something true, for at most ``bound`` seconds: its answer.
+
+    For what another process does in its own time (a run resumed, a scrape made).
+    """
+    deadline = time.monotonic() + bound
+    while not (answer := ask()):
+        assert time.monotonic() < deadline, f"{what} did not happen in {bound} s"
+        time.sleep(0.05)
+    return answer
