@@ -438,18 +438,19 @@ def studio(args, work: Path, layout: str) -> dict:
         if wsgi is not None:
             wsgi.stop()
     # Each process wrote its collections as it exited.
-    result["full_collections"] = full_collections(collections)
+    result["collections"] = collections_in(collections, started, started + window)
     return result
 
 
-def full_collections(directory: Path) -> list[float]:
-    """The seconds of each full (generation 2) collection, every server process's."""
-    return [
-        seconds
-        for path in directory.glob("*.json")
-        for generation, seconds in json.loads(path.read_text())
-        if generation == 2
-    ]
+def collections_in(directory: Path, start: float, end: float) -> dict[int, list[float]]:
+    """The seconds of each collection that ended between ``start`` and ``end``
+    (monotonic), every server process's, by generation."""
+    found: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    for path in directory.glob("*.json"):
+        for generation, seconds, ended in json.loads(path.read_text()):
+            if start <= ended <= end:
+                found[generation].append(seconds)
+    return found
 
 
 def peer(args, work: Path) -> dict:
@@ -559,10 +560,13 @@ def report(args, layout: str, s: dict) -> None:
     )
     print(f"  outside the restart (and 5 s after it): {harness.summary_ms(s['quiet'])}")
     print(f"    of which the POST's own response: {harness.summary_ms(s['quiet_answers'])}")
-    pauses = s["full_collections"]
+    young = s["collections"][0] + s["collections"][1]
+    full = s["collections"][2]
     print(
-        f"  full garbage collections (every server process, the whole run): {len(pauses)}, "
-        f"{sum(pauses):.2f} s in all, the longest {max(pauses, default=0) * 1000:.0f} ms"
+        f"  garbage collections in the timed window (every server process): "
+        f"{len(young)} young ({sum(young) * 1000:.0f} ms in all, the longest "
+        f"{max(young, default=0) * 1000:.1f} ms); {len(full)} full ({sum(full) * 1000:.0f} ms "
+        f"in all, the longest {max(full, default=0) * 1000:.0f} ms)"
     )
     print(
         f"  server CPU per decision (every process, streams included): "

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import gc
 
+# Objects made between two young collections. Each request leaves cycles
+# (Django's connection wrapper per request context, daphne's protocol
+# objects), and at Python's 700 those of the requests in flight were promoted
+# and collected in full, with the process stopped: ten times later, most are
+# garbage by then and go in a young collection (bench/RESULTS.md).
+YOUNG_THRESHOLD = 7000
+
 
 def settle() -> None:
     """Keep what the process built as it started out of full collections.
@@ -15,3 +22,4 @@ def settle() -> None:
     """
     gc.collect()
     gc.freeze()
+    gc.set_threshold(YOUNG_THRESHOLD, *gc.get_threshold()[1:])

@@ -2,7 +2,8 @@
 
 On ``PYTHONPATH`` with ``STUDIO_BENCH_GC_DIR`` set (bench/production.py and
 bench/soak.py do both), each process writes its collections (generation,
-seconds) to a JSON file there as it exits. A collection stops its process:
+seconds, when it ended on the system's monotonic clock) to a JSON file there
+as it exits. A collection stops its process:
 a full one is a pause every request in that process waits out.
 
 With ``STUDIO_BENCH_CENSUS_SECONDS`` set too, the process also appends, that
@@ -22,14 +23,15 @@ import time
 _DIR = os.environ.get("STUDIO_BENCH_GC_DIR")
 _CENSUS_SECONDS = float(os.environ.get("STUDIO_BENCH_CENSUS_SECONDS") or 0)
 _started = [0.0]
-_collections: list[tuple[int, float]] = []
+_collections: list[tuple[int, float, float]] = []
 
 
 def _timed(phase: str, info: dict) -> None:
     if phase == "start":
         _started[0] = time.perf_counter()
     else:
-        _collections.append((info["generation"], time.perf_counter() - _started[0]))
+        ended = time.perf_counter()
+        _collections.append((info["generation"], ended - _started[0], time.monotonic()))
 
 
 def _write() -> None:
