@@ -27,6 +27,10 @@ _collections: list[tuple[int, float, float]] = []
 
 
 def _timed(phase: str, info: dict) -> None:
+    # Before the process froze what it built at start (studio.process.settle),
+    # a collection is the import's, not a pause that a request waits out.
+    if not gc.get_freeze_count():
+        return
     if phase == "start":
         _started[0] = time.perf_counter()
     else:
