@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import gc
 
-# Objects made between two young collections. Each request leaves cycles
-# (Django's connection wrapper per request context, daphne's protocol
-# objects), and at Python's 700 those of the requests in flight were promoted
-# and collected in full, with the process stopped: ten times later, most are
-# garbage by then and go in a young collection (bench/RESULTS.md).
+# Container objects allocated (net of those freed) between two young
+# collections. Each request leaves cycles (Django's connection wrapper per
+# request context, daphne's protocol objects): at Python's 700 those of the
+# requests in flight were promoted and collected in full, with the process
+# stopped; ten times later most are garbage by then (bench/RESULTS.md).
 YOUNG_THRESHOLD = 7000
 
 

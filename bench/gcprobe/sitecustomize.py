@@ -3,8 +3,8 @@
 On ``PYTHONPATH`` with ``STUDIO_BENCH_GC_DIR`` set (bench/production.py and
 bench/soak.py do both), each process writes its collections (generation,
 seconds, when it ended on the system's monotonic clock) to a JSON file there
-as it exits. A collection stops its process:
-a full one is a pause every request in that process waits out.
+as it exits. A collection stops its process: it is a pause every request in
+that process waits out.
 
 With ``STUDIO_BENCH_CENSUS_SECONDS`` set too, the process also appends, that
 often, a census of its live objects by type to ``<pid>-census.jsonl``
