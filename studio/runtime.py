@@ -19,6 +19,7 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -113,18 +114,26 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
+# What a threaded outbox still has queued at exit is sent for at most this long.
+FLUSH_AT_EXIT_SECONDS = 5.0
+
+
 class Outbox:
     """Channel-layer sends from any thread, in order, without blocking the sender.
 
     Delivery is at most once (the row is the truth): a send that fails is
     logged and dropped. With no server loop running (a management command, a
-    plain test, a process winding down) a send is made synchronously instead.
+    plain test, a process winding down) a send is made synchronously instead,
+    unless the process asked for a thread of the outbox's own (``threaded``).
     """
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
+        self._threaded = False
+        self._thread_pid = 0  # the process whose thread serves ``loop`` (0: none)
+        self._thread_lock = threading.Lock()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -135,6 +144,48 @@ class Outbox:
         if self._task is not None:
             await _cancel([self._task])
         self.loop = self._queue = self._task = None
+
+    def threaded(self) -> None:
+        """Send from a loop on a thread of the outbox's own, started on first use.
+
+        For a process with no server loop whose requests run on threads (a
+        WSGI worker): a synchronous send there makes a new loop, and with it
+        new Redis connections, on every call, in the request's own time. A
+        forked child starts a thread of its own; at exit, what was queued is
+        sent first (for a bounded time).
+        """
+        self._threaded = True
+
+    def _own_loop(self) -> None:
+        """Start (once per process) the thread whose loop serves the queue."""
+        with self._thread_lock:
+            if self._thread_pid == os.getpid():
+                return
+            # A forked child inherits the parent's loop but not its thread.
+            self.loop = self._queue = self._task = None
+            loop = asyncio.new_event_loop()
+            started = threading.Event()
+
+            def serve() -> None:
+                asyncio.set_event_loop(loop)
+                self.start(loop)
+                loop.call_soon(started.set)  # once it runs: sends queue from then on
+                loop.run_forever()
+
+            threading.Thread(target=serve, name="studio-outbox", daemon=True).start()
+            started.wait(10)
+            if self._thread_pid == 0:
+                atexit.register(self._flush_at_exit)
+            self._thread_pid = os.getpid()
+
+    def _flush_at_exit(self) -> None:
+        if self._thread_pid != os.getpid() or self.loop is None or self._queue is None:
+            return
+        done: Future = Future()
+        with contextlib.suppress(RuntimeError):  # its loop already closed
+            self.loop.call_soon_threadsafe(self._queue.put_nowait, ("mark", "", {}, done))
+            with contextlib.suppress(Exception):
+                done.result(timeout=FLUSH_AT_EXIT_SECONDS)
 
     def group(self, group: str, message: dict, *, wait: bool = False) -> None:
         """Send to a group. ``wait``: return once it is delivered (from a worker thread).
@@ -156,8 +207,10 @@ class Outbox:
             self._put(("channel", channel, message, None))
 
     def _put(self, item: tuple) -> None:
-        loop, q = self.loop, self._queue
         running = _running_loop()
+        if self._threaded and running is None and self._thread_pid != os.getpid():
+            self._own_loop()
+        loop, q = self.loop, self._queue
         if loop is None or q is None or loop.is_closed() or not loop.is_running():
             if running is None:
                 self._deliver_now(item)
@@ -188,7 +241,8 @@ class Outbox:
         while True:
             item = await q.get()
             try:
-                await self._deliver(item)
+                if item[0] != "mark":  # a mark only says that all before it went
+                    await self._deliver(item)
                 if item[3] is not None:
                     # Let the local consumers forward it to their sockets
                     # before the waiting run takes the GIL back.

@@ -12,8 +12,12 @@ import os
 from django.core.wsgi import get_wsgi_application
 
 from studio.process import settle
+from studio.runtime import runtime
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "studio.settings")
 
 application = get_wsgi_application()
+# Cards, counts and the runs to resume leave from a loop of their own, which
+# keeps its Redis connections; not a new loop per send in the request.
+runtime().outbox.threaded()
 settle()
