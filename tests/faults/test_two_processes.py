@@ -13,11 +13,12 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import ToolApproval
-from chat.models import Message, Run
+from chat.models import Message
 from tests.factories import make_approval, make_conversation
 from tests.helpers.clients import APPROVAL_ID, Browserish, Tab, session_cookie
 from tests.helpers.live import LiveServer, two_servers
 from tests.helpers.procs import read_line, spawn, until
+from tests.helpers.runs import park_a_run, run_of
 from tests.helpers.services import cluster_env
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
@@ -29,20 +30,6 @@ BOUND = 30
 def cluster(redis_server, workspace_root, tmp_path):
     with two_servers(tmp_path, **cluster_env(redis_server.url, workspace_root)) as pair:
         yield pair
-
-
-def park_a_run(server, conversation, session, code: str = "print(6 * 7)") -> tuple[Tab, str]:
-    tab = Tab(server.ws_url, conversation.pk, session, origin=server.url)
-    tab.until('id="transcript"')
-    tab.send(f"run python: {code}")
-    frames = tab.until('data-status="pending"')
-    # The card is out just before the step lets the run go: wait for that.
-    until(lambda: run_of(conversation).state == "waiting", "the run's wait")
-    return tab, APPROVAL_ID.findall(frames)[-1]
-
-
-def run_of(conversation) -> Run:
-    return Run.objects.get(conversation=conversation)
 
 
 def results(conversation) -> list[str]:

@@ -12,9 +12,10 @@ import pytest
 from chat.models import Run
 from deploy.cluster import DaphneProcess
 from tests.factories import make_conversation
-from tests.helpers.clients import APPROVAL_ID, Browserish, Tab, session_cookie
+from tests.helpers.clients import Browserish, session_cookie
 from tests.helpers.live import LiveServer
-from tests.helpers.procs import child_env, until
+from tests.helpers.procs import child_env
+from tests.helpers.runs import park_a_run, run_of
 from tests.helpers.services import cluster_env
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
@@ -35,13 +36,7 @@ def test_a_decision_through_gunicorn_reaches_the_tab_and_its_run_goes_on_in_daph
         ).start(timeout=60)
         conversation = make_conversation(alice)
         session = session_cookie(alice)
-        tab = Tab(sockets.ws_url, conversation.pk, session, origin=sockets.url)
-        tab.until('id="transcript"')
-        tab.send("run python: print(6 * 7)")
-        approval_id = APPROVAL_ID.findall(tab.until('data-status="pending"'))[-1]
-        until(
-            lambda: Run.objects.get(conversation=conversation).state == "waiting", "the run's wait"
-        )
+        tab, approval_id = park_a_run(sockets, conversation, session)
 
         page = Browserish(http.url, session)
         try:
@@ -56,7 +51,7 @@ def test_a_decision_through_gunicorn_reaches_the_tab_and_its_run_goes_on_in_daph
         finally:
             page.close()
             tab.close()
-        assert Run.objects.get(conversation=conversation).status == Run.Status.DONE
+        assert run_of(conversation).status == Run.Status.DONE
     finally:
         if http is not None:
             http.stop()
