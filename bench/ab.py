@@ -13,6 +13,10 @@ both on the same fresh SQLite database. The schema must be the same in both.
 * ``open``: a member's tab opening on one of their 20 chats that wait on a
   card, from the handshake to the catch-up, then closed (what each decision
   in ``production.py`` costs besides itself); always interleaved;
+* ``first``: what a member meets on a process that has just started (a
+  deploy's): its first chat page, then that tab's socket caught up, on a
+  chat that waits on a card; both checkouts' servers started fresh each
+  round, ``--n`` rounds' worth of starts per round;
 * ``stream``: 10 chats of one member streaming a reply at once (300 tokens
   at 100 tok/s each), ``--n`` bursts per round on each checkout in turn:
   printed as p50 when the median reply ended, p99 when the last one did,
@@ -32,6 +36,7 @@ machine; it also prints the median of the rounds' own B/A.
     .venv/bin/python bench/ab.py post --a ../before --b . --rounds 4 --n 400 --interleave
     .venv/bin/python bench/ab.py open --a ../before --b . --rounds 4 --n 300
     .venv/bin/python bench/ab.py stream --a ../before --b . --rounds 3 --n 6
+    .venv/bin/python bench/ab.py first --a ../before --b . --rounds 3 --n 10
 """
 
 from __future__ import annotations
@@ -249,6 +254,39 @@ def open_round_interleaved(roots: tuple[Path, Path], n: int, warmup: int = 20) -
     }
 
 
+def first_round_interleaved(roots: tuple[Path, Path], n: int) -> dict:
+    """``n`` times: both checkouts' servers started fresh at once, then on each
+    in turn (the order swapped every time) a chat page and its socket's catch-up.
+    CPU: the server's from its start to the tab's catch-up."""
+    parking = start(roots[0])
+    try:
+        user, session = member(roots[0])
+        chats = waiting_chats(parking, user, session)
+    finally:
+        parking.stop()
+    figures = {root: ([], []) for root in roots}
+    for i in range(n):
+        servers = [start(root) for root in roots]
+        try:
+            order = list(zip(roots, servers, strict=True))
+            for root, server in order if i % 2 == 0 else order[::-1]:
+                cid = chats[i % len(chats)]
+                t0 = time.perf_counter()
+                with httpx.Client(base_url=server.url, cookies={"sessionid": session}) as http:
+                    assert http.get(f"/c/{cid}/").status_code == 200
+                with harness.chat_socket(server, session, cid) as ws:
+                    harness.recv_until(ws, 'data-status="pending"')
+                figures[root][0].append(time.perf_counter() - t0)
+                figures[root][1].append(harness.cpu_seconds(server.pid))
+        finally:
+            for server in servers:
+                server.stop()
+    return {
+        root: (statistics.median(t), harness.percentile(t, 99), statistics.fmean(cpu))
+        for root, (t, cpu) in figures.items()
+    }
+
+
 STREAM_CHATS = 10
 
 
@@ -297,7 +335,7 @@ def stream_round_interleaved(
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=("post", "rt", "open", "stream"))
+    parser.add_argument("kind", choices=("post", "rt", "open", "stream", "first"))
     parser.add_argument("--a", required=True, type=Path, help="checkout A (before)")
     parser.add_argument("--b", required=True, type=Path, help="checkout B (after)")
     parser.add_argument("--rounds", type=int, default=6)
@@ -328,9 +366,10 @@ def main() -> None:
         "rt": functools.partial(rt_round_interleaved, streams=args.streams),
         "open": open_round_interleaved,
         "stream": stream_round_interleaved,
+        "first": first_round_interleaved,
     }
     for r in range(args.rounds):
-        if args.interleave or args.kind in ("open", "stream"):
+        if args.interleave or args.kind in ("open", "stream", "first"):
             both = both_at_once[args.kind]
             for root, figures in both(roots, args.n).items():
                 results[root].append(figures)

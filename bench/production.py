@@ -54,6 +54,7 @@ class Fleet:
         self.servers = [self._start(port, n) for n, port in enumerate(ports)]
         self.cpu_spent = 0.0  # by the processes stopped so far
         self.restart_started, self.restart_ended = float("inf"), float("-inf")
+        self.events: list[tuple[str, float]] = []  # the restart's steps (monotonic), for --dump
         self.marks = {s.pid: harness.cpu_seconds(s.pid) for s in self.servers}
 
     def _start(self, port: int, n: int) -> DaphneProcess:
@@ -77,8 +78,11 @@ class Fleet:
             if n:
                 time.sleep(SETTLE_SECONDS)
             self.cpu_spent += harness.cpu_seconds(server.pid) - self.marks.get(server.pid, 0.0)
+            self.events.append((f"stop {n}", time.monotonic()))
             server.stop(timeout=STOP_TIMEOUT)
+            self.events.append((f"stopped {n}", time.monotonic()))
             successor = self._start(server.port, n)
+            self.events.append((f"answering {n}", time.monotonic()))
             self.marks[successor.pid] = harness.cpu_seconds(successor.pid)
             self.servers[n] = successor
         self.restart_ended = time.monotonic()
@@ -438,6 +442,7 @@ def studio(args, work: Path, layout: str) -> dict:
             "lost": lost,
             "twice": twice,
             "restart": restart.get("seconds"),
+            "restart_events": fleet.events,
         }
     finally:
         proxy.stop()
@@ -533,6 +538,7 @@ def main() -> None:
                         "sent": s["load"].sent,
                         "latency": s["load"].latencies,
                         "answered": s["load"].answered,
+                        "restart": s["restart_events"],
                     }
                     for layout, s in runs.items()
                 }

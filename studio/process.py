@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import gc
+from pathlib import Path
+
+from django.conf import settings
+from django.template.loader import get_template
+from django.urls import reverse
 
 # Container objects allocated (net of those freed) between two young
 # collections. Each request leaves cycles (Django's connection wrapper per
@@ -20,6 +25,28 @@ def settle() -> None:
     (bench/RESULTS.md). Frozen, they are never walked again; their garbage
     is collected first, since frozen objects are never freed.
     """
+    warm_up()
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
+
+def warm_up() -> None:
+    """Build now what Django builds lazily on first use, so that the first
+    requests after a start (a deploy's) cost what later ones do, and what is
+    built is frozen with the rest: the URL maps (importing every view) and
+    the compiled templates. A broken template stops the start, not a request."""
+    for name in ("chat:index", "approvals:inbox", "admin:index"):
+        reverse(name)  # each namespace builds its own map on its first use
+    compile_templates()
+
+
+def compile_templates() -> list[str]:
+    """Compile the project's own templates into the cached loader; their names."""
+    names = []
+    for config in settings.TEMPLATES:
+        for directory in map(Path, config.get("DIRS", [])):
+            names += [p.relative_to(directory).as_posix() for p in directory.rglob("*.html")]
+    for name in sorted(names):
+        get_template(name)
+    return names

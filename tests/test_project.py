@@ -7,9 +7,10 @@ from io import StringIO
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
+from django.template import TemplateSyntaxError
 
 from studio.env import env_bool, env_float, env_int, env_list
-from studio.process import YOUNG_THRESHOLD
+from studio.process import YOUNG_THRESHOLD, compile_templates
 from tests.helpers.procs import ROOT, child_env
 
 
@@ -81,3 +82,32 @@ def test_a_server_process_keeps_what_it_built_at_start_out_of_full_collections(e
     assert walked * 100 < frozen
     # Requests' cycles mostly die young, not in a full collection.
     assert young == YOUNG_THRESHOLD
+
+
+@pytest.mark.parametrize("entry", ["studio.asgi", "studio.wsgi"])
+def test_a_server_process_starts_with_its_urls_loaded_and_templates_compiled(entry):
+    """A deploy's first requests pay for neither (nor a full collection of them)."""
+    code = (
+        f"import sys, {entry}; from django.template import engines; "
+        "loader = engines['django'].engine.template_loaders[0]; "
+        "print(len(loader.get_template_cache), 'chat.views' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    compiled, views_loaded = done.stdout.split()
+    assert int(compiled) == len(list((ROOT / "templates").rglob("*.html")))
+    assert views_loaded == "True"
+
+
+def test_a_broken_template_stops_the_start_not_a_request(settings, tmp_path):
+    (tmp_path / "fine.html").write_text("{{ name }}")
+    (tmp_path / "pages").mkdir()
+    (tmp_path / "pages" / "broken.html").write_text("{% if %}")
+    settings.TEMPLATES = [{**settings.TEMPLATES[0], "DIRS": [tmp_path]}]
+    with pytest.raises(TemplateSyntaxError):
+        compile_templates()
+    (tmp_path / "pages" / "broken.html").write_text("{% if name %}{{ name }}{% endif %}")
+    assert sorted(compile_templates()) == ["fine.html", "pages/broken.html"]
