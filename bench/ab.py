@@ -248,6 +248,11 @@ def open_round_interleaved(roots: tuple[Path, Path], n: int, warmup: int = 20) -
     finally:
         for server in servers:
             server.stop()
+    return _tab_figures(figures)
+
+
+def _tab_figures(figures: dict) -> dict:
+    """Each checkout's (p50, p99, mean CPU) from its (times, CPU) lists."""
     return {
         root: (statistics.median(t), harness.percentile(t, 99), statistics.fmean(cpu))
         for root, (t, cpu) in figures.items()
@@ -281,10 +286,7 @@ def first_round_interleaved(roots: tuple[Path, Path], n: int) -> dict:
         finally:
             for server in servers:
                 server.stop()
-    return {
-        root: (statistics.median(t), harness.percentile(t, 99), statistics.fmean(cpu))
-        for root, (t, cpu) in figures.items()
-    }
+    return _tab_figures(figures)
 
 
 STREAM_CHATS = 10

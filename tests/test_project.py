@@ -67,18 +67,23 @@ def test_every_page_has_an_icon_that_exists(client):
     assert "<svg" in open(finders.find("studio/favicon.svg")).read()
 
 
-@pytest.mark.parametrize("entry", ["studio.asgi", "studio.wsgi"])
-def test_a_server_process_keeps_what_it_built_at_start_out_of_full_collections(entry):
-    code = (
-        f"import gc, {entry}; "
-        "print(gc.get_freeze_count(), len(gc.get_objects()), gc.get_threshold()[0])"
-    )
+def _server_process_prints(entry: str, code: str) -> str:
+    """What ``code`` prints in a new process once it has imported the server entry point."""
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True,
-        timeout=60,
+        [sys.executable, "-c", f"import {entry}; {code}"], cwd=ROOT, env=child_env(),
+        capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    frozen, walked, young = map(int, done.stdout.split())
+    return done.stdout
+
+
+@pytest.mark.parametrize("entry", ["studio.asgi", "studio.wsgi"])
+def test_a_server_process_keeps_what_it_built_at_start_out_of_full_collections(entry):
+    printed = _server_process_prints(
+        entry,
+        "import gc; print(gc.get_freeze_count(), len(gc.get_objects()), gc.get_threshold()[0])",
+    )
+    frozen, walked, young = map(int, printed.split())
     assert walked * 100 < frozen
     # Requests' cycles mostly die young, not in a full collection.
     assert young == YOUNG_THRESHOLD
@@ -87,17 +92,13 @@ def test_a_server_process_keeps_what_it_built_at_start_out_of_full_collections(e
 @pytest.mark.parametrize("entry", ["studio.asgi", "studio.wsgi"])
 def test_a_server_process_starts_with_its_urls_loaded_and_templates_compiled(entry):
     """A deploy's first requests pay for neither (nor a full collection of them)."""
-    code = (
-        f"import sys, {entry}; from django.template import engines; "
+    printed = _server_process_prints(
+        entry,
+        "import sys; from django.template import engines; "
         "loader = engines['django'].engine.template_loaders[0]; "
-        "print(len(loader.get_template_cache), 'chat.views' in sys.modules)"
+        "print(len(loader.get_template_cache), 'chat.views' in sys.modules)",
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True,
-        timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    compiled, views_loaded = done.stdout.split()
+    compiled, views_loaded = printed.split()
     assert int(compiled) == len(list((ROOT / "templates").rglob("*.html")))
     assert views_loaded == "True"
 
