@@ -23,14 +23,19 @@ import time
 _DIR = os.environ.get("STUDIO_BENCH_GC_DIR")
 _CENSUS_SECONDS = float(os.environ.get("STUDIO_BENCH_CENSUS_SECONDS") or 0)
 _started = [0.0]
+_settled = [False]
 _collections: list[tuple[int, float, float]] = []
 
 
 def _timed(phase: str, info: dict) -> None:
     # Before the process froze what it built at start (studio.process.settle),
     # a collection is the import's, not a pause that a request waits out.
-    if not gc.get_freeze_count():
-        return
+    # Asked until it is true, never after: get_freeze_count() walks every
+    # frozen object, a pause longer than the collection it would time.
+    if not _settled[0]:
+        if not gc.get_freeze_count():
+            return
+        _settled[0] = True
     if phase == "start":
         _started[0] = time.perf_counter()
     else:
