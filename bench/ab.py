@@ -215,15 +215,7 @@ WAITING_CHATS = 20
 
 def waiting_chats(server, user, session: str) -> list[int]:
     """The member's chats, each parked on a pending ``echo`` card through the socket."""
-    chats = []
-    for n in range(WAITING_CHATS):
-        conversation = harness.make_conversation(user)
-        with harness.chat_socket(server, session, conversation.pk) as ws:
-            harness.recv_until(ws, 'id="transcript"')
-            ws.send(f'{{"message": "echo out-{n}"}}')
-            harness.recv_until(ws, 'data-status="pending"')
-        chats.append(conversation.pk)
-    return chats
+    return [chat for chat, _ in harness.parked_chats(server, user, session, WAITING_CHATS)]
 
 
 def open_round_interleaved(roots: tuple[Path, Path], n: int, warmup: int = 20) -> dict:

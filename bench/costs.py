@@ -15,7 +15,6 @@ result and end fragments, and the tab's count refreshed after them), and
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -24,23 +23,8 @@ import httpx
 
 from deploy.cluster import DaphneProcess
 
-DATABASE_URL = "postgres://postgres@127.0.0.1:5432/studio_bench"
-REDIS_URL = "redis://127.0.0.1:6379/5"
 PAUSE = 0.05  # between pieces: each one meets an idle process, as at a low rate
 SETTLED = 0.3  # after a decision: its run's end and the tab's count (sent 0.1 s later)
-
-
-def parked(server, user, session: str, n: int) -> list[tuple[int, str]]:
-    """``n`` chats, each with its run waiting on one ``echo`` card: (chat, approval id)."""
-    calls = []
-    for _ in range(n):
-        conversation_id = harness.make_conversation(user).pk
-        with harness.chat_socket(server, session, conversation_id) as ws:
-            harness.recv_until(ws, 'id="transcript"')
-            ws.send(json.dumps({"message": "echo out"}))
-            pending = harness.recv_until(ws, 'data-status="pending"')
-            calls.append((conversation_id, harness.APPROVAL_ID.findall(pending)[-1]))
-    return calls
 
 
 class Piece:
@@ -65,7 +49,7 @@ def one_round(n: int) -> dict[str, Piece]:
     server = DaphneProcess(env=env, app="bench.asgi:application").start(timeout=60)
     pieces = {name: Piece(server) for name in ("/healthz", "tab opening", "decision", "with tab")}
     try:
-        calls = parked(server, user, session, 2 * n)
+        calls = harness.parked_chats(server, user, session, 2 * n)
         with httpx.Client(base_url=server.url, cookies={"sessionid": session}) as http:
             allow = harness.member_allow(http)
             for _ in range(n):
@@ -99,7 +83,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100, help="pieces of each kind per round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    harness.setup_django(DATABASE_URL, REDIS_URL)
+    harness.setup_django(harness.POSTGRES_URL, harness.REDIS_URL)
     rounds = [one_round(args.n) for _ in range(args.rounds)]
     print(f"one daphne, PostgreSQL + Redis; {args.n} of each piece, {args.rounds} rounds")
     for name in rounds[0]:

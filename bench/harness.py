@@ -18,6 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 APPROVAL_ID = re.compile(r'data-approval-id="([^"]+)"')
+# The production-shape benchmarks' own database and Redis database.
+POSTGRES_URL = "postgres://postgres@127.0.0.1:5432/studio_bench"
+REDIS_URL = "redis://127.0.0.1:6379/5"
 
 
 def setup_django(database_url: str, redis_url: str = "") -> None:
@@ -285,6 +288,20 @@ def chat_socket(server, session: str, conversation_id: int):
         f"{server.ws_url}/ws/c/{conversation_id}/",
         additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url},
     )
+
+
+def parked_chats(server, user, session: str, count: int) -> list[tuple[int, str]]:
+    """``count`` new chats of the member's, each with its run parked on a pending
+    ``echo`` card through the socket: (chat id, approval id) each."""
+    chats = []
+    for n in range(count):
+        conversation_id = make_conversation(user).pk
+        with chat_socket(server, session, conversation_id) as ws:
+            recv_until(ws, 'id="transcript"')
+            ws.send(json.dumps({"message": f"echo out-{n}"}))
+            pending = recv_until(ws, 'data-status="pending"')
+        chats.append((conversation_id, APPROVAL_ID.findall(pending)[-1]))
+    return chats
 
 
 def open_chat(server, user, session: str):

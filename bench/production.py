@@ -36,8 +36,6 @@ import httpx
 from deploy.cluster import DaphneProcess, free_port
 from deploy.proxy import LocalNginx
 
-DATABASE_URL = "postgres://postgres@127.0.0.1:5432/studio_bench"
-REDIS_URL = "redis://127.0.0.1:6379/5"
 RESULT = "data-tool-result="
 STREAM_TOKENS = 500  # each streamed reply: 5 s at 100 tok/s
 # A restart as deploy/systemd does it: SIGKILL only after the unit's
@@ -527,7 +525,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     subprocess.run(["redis-cli", "-n", "5", "flushdb"], check=True, capture_output=True)
-    harness.setup_django(DATABASE_URL, REDIS_URL)
+    harness.setup_django(harness.POSTGRES_URL, harness.REDIS_URL)
     with tempfile.TemporaryDirectory(prefix="studio-production-") as tmp:
         work = Path(tmp)
         runs = {layout: studio(args, work, layout) for layout in args.layouts}

@@ -31,8 +31,6 @@ from production import Fleet, csrf_for, open_socket, until
 from deploy.cluster import free_port
 from deploy.proxy import LocalNginx
 
-DATABASE_URL = "postgres://postgres@127.0.0.1:5432/studio_bench"
-REDIS_URL = "redis://127.0.0.1:6379/5"
 PENDING = re.compile(r'data-approval-id="([^"]+)" data-status="pending"')
 
 
@@ -145,7 +143,7 @@ def main() -> None:
     parser.add_argument("--warm-up", type=float, default=0.2, help="share of the run left out")
     args = parser.parse_args()
     subprocess.run(["redis-cli", "-n", "5", "flushdb"], check=True, capture_output=True)
-    harness.setup_django(DATABASE_URL, REDIS_URL)
+    harness.setup_django(harness.POSTGRES_URL, harness.REDIS_URL)
     with tempfile.TemporaryDirectory(prefix="studio-soak-") as tmp:
         work = Path(tmp)
         static = work / "static"

@@ -24,9 +24,6 @@ import httpx
 
 from deploy.cluster import DaphneProcess
 
-DATABASE_URL = "postgres://postgres@127.0.0.1:5432/studio_bench"
-REDIS_URL = "redis://127.0.0.1:6379/5"
-
 
 def redis_connections(pid: int) -> int:
     out = subprocess.run(
@@ -73,13 +70,13 @@ def main() -> None:
     parser.add_argument("--parked", type=int, default=1000)
     parser.add_argument(
         "--database",
-        default=DATABASE_URL,
+        default=harness.POSTGRES_URL,
         help="the shared database (a SQLite file works too: it tells the database's share)",
     )
     args = parser.parse_args()
 
     subprocess.run(["redis-cli", "-n", "5", "flushdb"], check=True, capture_output=True)
-    harness.setup_django(args.database, REDIS_URL)
+    harness.setup_django(args.database, harness.REDIS_URL)
     from approvals.models import ToolApproval
     from chat.models import Message, Run
 
