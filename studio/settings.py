@@ -329,7 +329,9 @@ STUDIO_IMAGE_MAX_MB = env_float("STUDIO_IMAGE_MAX_MB", 5, minimum=0.01)
 STUDIO_SEARXNG_URL = env_str("STUDIO_SEARXNG_URL").rstrip("/")
 # MCP servers: seconds to connect to one before its tools count as unavailable.
 STUDIO_MCP_CONNECT_TIMEOUT = env_float("STUDIO_MCP_CONNECT_TIMEOUT", 10, minimum=0.1)
-STUDIO_WORKSPACE_ROOT = Path(env_str("STUDIO_WORKSPACE_ROOT", str(BASE_DIR / "workspaces")))
+STUDIO_WORKSPACE_ROOT = Path(
+    env_str("STUDIO_WORKSPACE_ROOT", str(BASE_DIR / "workspaces"))
+).absolute()
 # Studio's own files (the copies of the images tools make), through Django's
 # default storage: pages serve these, never a workspace. Never served as
 # /media/ by a proxy: the views check who may see each file.

@@ -7,17 +7,31 @@ hand. ``read_command_line`` says two things about it:
   space, when Studio understood the whole line: only simple commands made
   of literal words (bare words, single-quoted strings, double-quoted strings
   without expansions) joined by ``;``, ``&&``, ``||``, ``|``, ``&`` or
-  newlines. Only then may an Allow rule's pattern vouch for it. Anything
-  else is None, with ``why`` saying what Studio could not vouch for.
+  newlines, each named by an allowed name (below). Only then may an Allow
+  rule's pattern vouch for it. Anything else is None, with ``why`` saying
+  what Studio could not vouch for.
 * ``seen``: every simple command the parser found anywhere in the line,
   nested ones included (substitutions, subshells, ``bash -c '…'`` and
   ``eval`` strings, what a command runner such as ``sudo`` or ``xargs``
-  starts), for Deny, Review and Ask rules to look at.
+  starts, and what a builtin's words could run), for Deny, Review and Ask
+  rules to look at.
+
+The names a plain command may have are an allow-list, not a list of
+exceptions: an external program found on the tools' ``PATH`` (and not a
+bash builtin or keyword of that name), or one of ``QUIET_BUILTINS``. Bash
+builtins evaluate their words in ways no reading of the line shows
+(``printf -v 'a[$(id)]'`` runs ``id``; ``jobs -x``, ``compgen -C`` and
+``fc -s`` run commands they are given), so every other builtin makes a
+line not plain. ``tests/chat/test_shell_differential.py`` holds the reader
+to what bash really runs, builtins included.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
@@ -57,6 +71,27 @@ RUNNERS = frozenset(
     """.split()
 )
 SHELLS = frozenset("ash bash busybox dash ksh mksh sh zsh".split())
+# The PATH of a tool call (``chat.tools.sandbox``): a plain command's name is
+# looked up here, as bash in the sandbox looks it up. Its folders are the
+# host's read-only ones, never a workspace.
+PROGRAM_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The bash builtins a plain line may run, because each takes its words as
+# data and evaluates, assigns, runs and looks up nothing: ``echo`` prints them
+# (its only options change escapes and the newline), ``true``, ``false`` and
+# ``:`` ignore them, ``pwd`` prints the working folder (``-L``/``-P``).
+QUIET_BUILTINS = frozenset(("echo", "true", "false", "pwd", ":"))
+# Programs whose options, arguments or files can make them run other programs
+# (``git`` runs ``core.fsmonitor``, ``find -delete``, ``sort
+# --compress-program``, ``sed 'e'``, interpreters run code): a card never
+# offers "commands starting with PROG" for them, only the exact line or the
+# whole tool.
+PROGRAM_RUNNERS = frozenset(
+    """
+    awk bash busybox dash emacs env ex find gawk gdb git gzip ksh less lua make
+    man mawk more nawk node npm npx perl php pip pip3 python python3 rsync ruby
+    scp sed sh sort ssh tar vi view vim xargs zip zsh
+    """.split()
+)
 # ``find`` runs a command of its own with these.
 FIND_RUNS = frozenset(("-exec", "-execdir", "-ok", "-okdir"))
 # Nested command strings (``bash -c '…'``) are read this many levels deep.
@@ -67,6 +102,8 @@ _LITERAL_PARTS = frozenset(("word", "number", "raw_string", "string"))
 _SEPARATORS = frozenset((";", "&", "&&", "||", "|"))
 # Bytes bash and the grammar might not agree on; a line holding one is not plain.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# Spaces bash does not split on but a reader's eye does (``ls -la\u3000#``).
+_ODD_SPACE = re.compile(r"[^\S \t\n]")
 # In a bare word: expansions, brace expansion and tilde expansion (also after
 # "=" and ":") change the word.
 _BARE_SPECIAL = re.compile(r"[$`{}~]")
@@ -94,8 +131,14 @@ def read_command_line(line: str, *, depth: int = 0) -> Reading:
     source = line.encode("utf-8", "surrogatepass")
     tree = _parser().parse(source)
     seen: list[str] = [line]
-    for command in _descendants(tree.root_node, "command"):
+    for command in _descendants(tree.root_node, "command", *_OTHER_COMMANDS):
         seen.extend(_seen_in(command, source, depth))
+    if depth < MAX_DEPTH:
+        # A variable's value is code where arithmetic reads it (``y='a[$(id)]';
+        # let x=y``): read it as a line too.
+        for assignment in _descendants(tree.root_node, "variable_assignment"):
+            for value in assignment.children[2:]:
+                seen.extend(read_command_line(_best_effort(value, source), depth=depth + 1).seen)
     if depth < MAX_DEPTH:
         # What bash makes of the line before the grammar sees it, roughly: lines
         # joined at a backslash-newline, braces expanded into words. More pieces
@@ -127,6 +170,8 @@ def _plain(root: Node, line: str, source: bytes) -> list[tuple[str, ...]]:
         raise _NotPlain("bash would not read it the way Studio does (a syntax error)")
     if _CONTROL.search(line):
         raise _NotPlain("it holds control characters")
+    if _ODD_SPACE.search(line):
+        raise _NotPlain("it holds a space character other than a plain space or tab")
     if "\\\n" in line:
         raise _NotPlain("a backslash continues a line")
     _gaps(root, source, allowed=b" \t\n")
@@ -191,7 +236,51 @@ def _command(node: Node, source: bytes) -> tuple[str, ...]:
         raise _NotPlain("a command has no name")
     if _runs_others(words):
         raise _NotPlain(f"{_program(words)} runs other commands")
+    _vouchable_name(words[0])
     return tuple(words)
+
+
+def _vouchable_name(name: str) -> None:
+    """A name a pattern may vouch for (see the module's docstring); raises ``_NotPlain``."""
+    if name in QUIET_BUILTINS:
+        return
+    names = shell_names()
+    if names is None:
+        raise _NotPlain("Studio could not ask bash which names are its builtins")
+    if name in names:
+        raise _NotPlain(f"{name} is a bash builtin or keyword, which can run what its words say")
+    if "/" in name:
+        if not os.path.isabs(name) or os.path.dirname(name) not in PROGRAM_PATH.split(":"):
+            raise _NotPlain(f"{name} is a file earlier calls may have written, not a program")
+        if not _program_file(name):
+            raise _NotPlain(f"{name} is not a program on this server")
+    elif _program_file(shutil.which(name, path=PROGRAM_PATH) or "") is None:
+        raise _NotPlain(f"{name} is not a program on this server")
+
+
+def _program_file(path: str) -> str | None:
+    """``path`` when it is a regular, executable file (links followed), else None."""
+    return path if path and os.path.isfile(path) and os.access(path, os.X_OK) else None
+
+
+@cache
+def shell_names() -> frozenset[str] | None:
+    """bash's builtins and keywords, as the bash of the tools lists them.
+
+    None when bash cannot say: then no line is plain.
+    """
+    try:
+        listed = subprocess.run(
+            ["/bin/bash", "--norc", "--noprofile", "-c", "compgen -b; compgen -k"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env={"PATH": PROGRAM_PATH},
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return frozenset(listed.stdout.split())
 
 
 def _program(words: list[str]) -> str:
@@ -203,6 +292,30 @@ def _runs_others(words: list[str]) -> bool:
     """The command starts commands of its own (sudo, xargs, find -exec, …)."""
     program = _program(words)
     return program in RUNNERS or (program == "find" and bool(FIND_RUNS.intersection(words)))
+
+
+def _may_run_its_words(words: list[str]) -> bool:
+    """Anything but a plain program or a quiet builtin may run what its words say.
+
+    ``jobs -x CMD``, ``compgen -C CMD``, ``let 'a[$(CMD)]'`` ...: an allow-list
+    again, so a builtin nobody thought of counts too.
+    """
+    if _runs_others(words):
+        return True
+    try:
+        _vouchable_name(words[0])
+    except _NotPlain:
+        return True
+    return False
+
+
+def program_runs_others(line: str) -> str | None:
+    """The program of a one-command plain line when it can run other programs
+    (``PROGRAM_RUNNERS``), else None: no card offers a prefix of its words."""
+    argvs = read_command_line(line).argvs or ()
+    if len(argvs) == 1 and _program(list(argvs[0])) in PROGRAM_RUNNERS:
+        return _program(list(argvs[0]))
+    return None
 
 
 def _literal(node: Node, source: bytes) -> str:
@@ -278,32 +391,75 @@ def _describe(node: Node) -> str:
 # --- everything the line runs ----------------------------------------------------------------
 
 
-def _descendants(node: Node, kind: str):
+def _descendants(node: Node, *kinds: str):
     stack = [node]
     while stack:
         current = stack.pop()
-        if current.type == kind:
+        if current.type in kinds:
             yield current
         stack.extend(reversed(current.children))
 
 
-def _seen_in(command: Node, source: bytes, depth: int) -> list[str]:
-    """One simple command as Deny rules see it, and what it runs in turn."""
-    words: list[str] = []
+# Commands the grammar gives shapes of their own: ``[ … ]`` and ``[[ … ]]``,
+# ``declare``/``export``/``local``/``readonly``/``typeset``, ``unset``.
+_OTHER_COMMANDS = ("test_command", "declaration_command", "unset_command")
+# Where a word of such a command ends: its value is taken whole.
+_WORD_NODES = frozenset(
+    (
+        *_LITERAL_PARTS,
+        "concatenation",
+        "ansi_c_string",
+        "translated_string",
+        "simple_expansion",
+        "expansion",
+        "command_substitution",
+        "process_substitution",
+        "arithmetic_expansion",
+        "variable_name",
+        "test_operator",
+    )
+)
+
+
+def _words(command: Node, source: bytes) -> list[str]:
+    """A command's words as bash would pass them, as near as Studio can tell."""
+    if command.type in _OTHER_COMMANDS:
+        words: list[str] = []
+        stack = list(reversed(command.children))
+        while stack:
+            node = stack.pop()
+            if node.type in _WORD_NODES:
+                words.append(_best_effort(node, source))
+            elif node.children:
+                stack.extend(reversed(node.children))
+            elif node.text:
+                words.append(node.text.decode("utf-8", "surrogatepass"))
+        return words
+    words = []
     for child in command.children:
         if child.type == "variable_assignment" or child.type.endswith("redirect"):
             continue
         if child.type == "command_name" and child.children:
             child = child.children[0]
         words.append(_best_effort(child, source))
+    return words
+
+
+def _seen_in(command: Node, source: bytes, depth: int) -> list[str]:
+    """One simple command as Deny rules see it, and what it runs in turn."""
+    words = _words(command, source)
     pieces = [command.text.decode("utf-8", "surrogatepass")]
     if not words:
         return pieces
     pieces.append(" ".join(words))
     program = _program(words)
-    if _runs_others(words):
-        # What it starts is somewhere in its tail: every tail is a command.
+    if _may_run_its_words(words):
+        # What it starts is somewhere in its tail: every tail is a command,
+        # and every word (a subscript bash evaluates, a callback) a line.
         pieces.extend(" ".join(words[i:]) for i in range(1, len(words)))
+        if depth < MAX_DEPTH:
+            for word in words[1:]:
+                pieces.extend(read_command_line(word, depth=depth + 1).seen)
     if depth < MAX_DEPTH:
         nested = None
         if program in SHELLS:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from studio.shell import Reading, read_command_line
+from studio.shell import Reading, program_runs_others, read_command_line, shell_names
 
 
 @pytest.mark.parametrize(
@@ -80,6 +80,21 @@ def test_a_plain_line_reads_as_its_commands(line, plain):
         ("if true; then ls; fi", "if statement"),
         ("! ls", "negated"),
         ("ls $'x'", "$'…' string"),
+        # Issue 52: only programs and the quiet builtins.
+        ("printf '%s\\n' hi", "printf is a bash builtin"),
+        ("test -n x", "test is a bash builtin"),
+        ("[ -n x ]", "test command"),
+        ("read x", "read is a bash builtin"),
+        ("jobs -x ls", "jobs is a bash builtin"),
+        ("cd /tmp", "cd is a bash builtin"),
+        ("kill 1", "kill is a bash builtin"),
+        ("ls; let x=1", "let is a bash builtin"),
+        ("./x -la", "a file earlier calls may have written"),
+        ("../bin/ls", "a file earlier calls may have written"),
+        ("/tmp/ls", "a file earlier calls may have written"),
+        ("studio-no-such-program x", "not a program on this server"),
+        ("ls -la\u3000#", "a space character"),
+        ("ls\u00a0-la", "a space character"),
     ],
 )
 def test_anything_else_is_not_plain(line, why):
@@ -107,6 +122,14 @@ def test_anything_else_is_not_plain(line, why):
         ("FOO=1 rm x 2>/dev/null", "rm x"),
         ("if true; then rm x; fi", "rm x"),
         ("f() { rm x; }; f", "rm x"),
+        ("jobs -x rm x", "rm x"),
+        ("compgen -C 'rm x' y", "rm x"),
+        ("mapfile -C 'rm x' -c 1 < f", "rm x"),
+        ("printf -v 'a[$(rm x)]' %s y", "rm x"),
+        ("declare 'a[$(rm x)]'=1", "rm x"),
+        ("[[ -v 'a[$(rm x)]' ]]", "rm x"),
+        ("unset 'a[`rm x`]'", "rm x"),
+        ("y='a[$(rm x)]'; let z=y", "rm x"),
     ],
 )
 def test_deny_rules_see_nested_commands(line, seen):
@@ -123,3 +146,35 @@ def test_thousands_of_joined_commands_are_read_not_a_crash():
     assert len(reading.plain) == 20_001 and "rm -rf x" in reading.seen
     deep = read_command_line("echo " + "$(" * 2_000 + "rm x" + ")" * 2_000)
     assert deep.plain is None and "rm x" in deep.seen
+
+
+@pytest.mark.parametrize(
+    ("line", "plain"),
+    [
+        ("echo hi", ("echo hi",)),
+        ("true x", ("true x",)),
+        ("false", ("false",)),
+        ("pwd -P", ("pwd -P",)),
+        (": 'a[$(id)]'", (": a[$(id)]",)),
+        ("ls -la", ("ls -la",)),
+        ("/bin/ls -la", ("/bin/ls -la",)),
+        ("/usr/bin/printf -v x", ("/usr/bin/printf -v x",)),  # coreutils: no -v
+    ],
+)
+def test_programs_and_quiet_builtins_are_plain(line, plain):
+    assert read_command_line(line).plain == plain
+
+
+def test_the_names_bash_lists_are_its_builtins_and_keywords():
+    names = shell_names()
+    assert {"printf", "let", "jobs", "compgen", "fc", "echo", "if", "[[", "time"} <= names
+    assert "ls" not in names and "git" not in names
+
+
+@pytest.mark.parametrize(
+    ("line", "program"),
+    [("git status", "git"), ("find . -delete", "find"), ("/usr/bin/sort x", "sort"),
+     ("python3 -c 1", "python3"), ("ls -la", None), ("git status; ls", None)],
+)  # fmt: skip
+def test_programs_that_run_others_are_named_for_the_card(line, program):
+    assert program_runs_others(line) == program

@@ -9,7 +9,7 @@ from django.utils import timezone
 from django.utils.timesince import timesince
 
 from approvals.patterns import glob_escape
-from studio.shell import read_command_line
+from studio.shell import program_runs_others, read_command_line
 
 register = template.Library()
 
@@ -92,6 +92,8 @@ def always_choices(approval) -> list[dict]:
         # for what follows a ";" or a "&&", nor for a line it cannot read.
         argvs = read_command_line(subject).argvs or ()
         words = list(argvs[0]) if len(argvs) == 1 else []
+        if program_runs_others(subject):
+            words = []  # its options or files may run anything: no prefix vouches
         for count in (2, 1):
             if len(words) > count or (count == 1 and words):
                 prefix = " ".join(words[:count])
@@ -110,6 +112,17 @@ def always_choices(approval) -> list[dict]:
     label = tool_label(approval.tool_name)
     choices.append({"pattern": "", "label": f"every {label} call in this chat, whatever it does"})
     return choices
+
+
+@register.filter
+def no_prefix_because(approval) -> str:
+    """Why "Always allow" offers no "commands starting with …" here ("" when it may)."""
+    if approval.tool_name != "terminal" or not approval.subject:
+        return ""
+    program = program_runs_others(approval.subject)
+    if program is None:
+        return ""
+    return f"{program} can run other programs that its options or files name"
 
 
 @register.filter

@@ -63,6 +63,7 @@ from chat.tools.base import ToolResult
 from chat.tools.images import keep, notice_for, produced, snapshot
 from studio.cancel import CancelToken
 from studio.metrics import SANDBOX_FAILURES
+from studio.shell import PROGRAM_PATH
 from studio.text import strip_nul
 
 logger = logging.getLogger(__name__)
@@ -330,10 +331,22 @@ def workspace_usage(path: Path, *, stop_above: int | None = None) -> int:
     return total
 
 
+# git reads programs to run from a workspace's .git/config, which any earlier
+# call may have written: these settings win over it (as ``git -c`` would), so
+# an approved ``git status`` is git status, not a hook or a monitor.
+GIT_PINNED = {
+    "core.fsmonitor": "false",
+    "core.hooksPath": "/dev/null",
+    "core.pager": "cat",
+    "core.editor": "false",
+    "core.sshCommand": "false",
+}
+
+
 def clean_env(workspace: Path) -> dict[str, str]:
     """Built from nothing, never copied from the server's environment."""
-    return {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
+    env = {
+        "PATH": PROGRAM_PATH,
         "HOME": str(workspace),
         "TMPDIR": "/tmp",
         "LANG": "C.UTF-8",
@@ -341,7 +354,14 @@ def clean_env(workspace: Path) -> dict[str, str]:
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
         "MPLBACKEND": "Agg",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_CONFIG_COUNT": str(len(GIT_PINNED)),
     }
+    for n, (key, value) in enumerate(GIT_PINNED.items()):
+        env[f"GIT_CONFIG_KEY_{n}"] = key
+        env[f"GIT_CONFIG_VALUE_{n}"] = value
+    return env
 
 
 # --- per-call cgroups ----------------------------------------------------------------------
@@ -536,6 +556,11 @@ def bwrap_argv(
     command += ["--proc", "/proc", "--dev", "/dev"]
     for tmp in PRIVATE_DIRS:
         command += ["--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", tmp]
+    # The workspace's parents exist in the sandbox only as the way to it:
+    # traversable, as on the host, so programs that resolve their folder's
+    # real path (git) work as the tool's uid.
+    for parent in reversed(workspace.parents[:-1]):
+        command += ["--perms", "0711", "--dir", str(parent)]
     command += ["--bind", str(workspace), str(workspace), "--chdir", str(workspace)]
     if seccomp is not None:
         command += ["--seccomp", str(seccomp)]

@@ -335,3 +335,63 @@ def test_always_allow_offers_the_narrowest_choice_first_and_selected(
     assert [p for p, _ in offered] == patterns
     assert [bool(c) for _, c in offered] == [True] + [False] * (len(patterns) - 1)
     assert "every terminal call in this chat, whatever it does" in html
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "jobs -x rm -f victim",
+        "let 'a[$(rm -f victim)]'",
+        "compgen -C 'rm -f victim' x",
+        "history -s 'rm -f victim'; fc -s",
+    ],
+)
+def test_a_deny_holds_against_builtins_that_run_their_words(alice, line, root_sandbox):
+    """Issue 52: under a Deny of ``rm *`` with Confirm off, each of these deleted its file."""
+    from tests.factories import make_conversation
+
+    conversation = make_conversation(alice, confirm_tool_calls=False)
+    deny = ToolRule.objects.create(tool="terminal", pattern="rm *", action="deny")
+    conversation.workspace.mkdir(parents=True, exist_ok=True)
+    (conversation.workspace / "victim").write_text("keep me")
+    (conversation.workspace / "victim").chmod(0o666)
+    turns = [("", [call("terminal", {"command": line})]), ("Done.", [])]
+    driver = AgentDriver.scripted(conversation, alice, turns)
+    finished = driver.wait_for(ToolFinished)
+    driver.finish()
+    row = ToolApproval.objects.get(approval_id=finished.approval_id)
+    assert (row.status, row.reason, row.rule_id) == ("denied", "rule", deny.pk)
+    assert (conversation.workspace / "victim").read_text() == "keep me"
+
+
+def test_always_allow_no_longer_offers_printf_and_refuses_its_pattern(conversation, alice):
+    """Issue 52: the card offered "commands starting with printf", and then
+    ``printf -v 'a[$(touch PWNED)]' %s x`` ran with no card."""
+    from approvals.services.decisions import card_render
+
+    row = command_card(conversation, "printf '%s\\n' hi")
+    html = card_render(row)
+    assert "commands starting with" not in html
+    assert "printf is a bash builtin" in html  # the card says why no rule can vouch
+    answer = post(alice, row, decision="always", pattern="printf *")
+    assert answer.status_code == 400
+    assert not ToolRule.objects.filter(action="allow").exists()
+    assert ToolApproval.objects.get(pk=row.pk).status == "pending"
+
+
+@pytest.mark.parametrize(
+    ("command", "program"),
+    [("git status", "git"), ("find . -name x -delete", "find"), ("sed -n p f", "sed")],
+)
+def test_a_program_that_runs_others_gets_no_prefix_on_its_card(
+    conversation, alice, command, program
+):
+    """Issue 52: a card offered "commands starting with git status"."""
+    import re
+
+    from approvals.services.decisions import card_render
+
+    html = card_render(command_card(conversation, command))
+    offered = re.findall(r'<input type="radio" name="pattern" value="([^"]*)"', html)
+    assert offered == [command, ""]
+    assert f"{program} can run other programs that its options or files name" in html

@@ -158,6 +158,55 @@ CASES = {
     "an unreadable line with no guarding rule follows the switch": (
         [], False, "terminal", "echo $(date)", (A.ALLOW, "confirm_off", None),
     ),
+    # Issue 52: builtins evaluate their plain-looking words.
+    "an allow for printf does not vouch for printf -v's subscript": (
+        [rule("terminal", A.ALLOW, pattern="printf *")], True, "terminal",
+        "printf -v 'a[$(touch PWNED)]' %s x", (A.ASK, "", None),
+    ),
+    "...nor for any printf: a builtin that evaluates is never plain": (
+        [rule("terminal", A.ALLOW, pattern="printf *")], True, "terminal", "printf '%s\\n' hi",
+        (A.ASK, "", None),
+    ),
+    "a quiet builtin stays plain": (
+        [rule("terminal", A.ALLOW, pattern="echo *")], True, "terminal", "echo 'a[$(id)]'",
+        (A.ALLOW, "rule", 0),
+    ),
+    "a deny sees what jobs -x runs": (
+        [rule("terminal", A.DENY, pattern="rm *")], False, "terminal", "jobs -x rm -f victim",
+        (A.DENY, "rule", 0),
+    ),
+    "...what let's subscript runs": (
+        [rule("terminal", A.DENY, pattern="rm *")], False, "terminal",
+        "let 'a[$(rm -f victim2)]'", (A.DENY, "rule", 0),
+    ),
+    "...compgen -C's command": (
+        [rule("terminal", A.DENY, pattern="rm *")], False, "terminal",
+        "compgen -C 'rm -f victim3' x", (A.DENY, "rule", 0),
+    ),
+    "...what fc -s runs again": (
+        [rule("terminal", A.DENY, pattern="rm *")], False, "terminal",
+        "history -s 'rm -f victim4'; fc -s", (A.DENY, "rule", 0),
+    ),
+    "...a [ -v subscript": (
+        [rule("terminal", A.DENY, pattern="rm *")], False, "terminal",
+        "[ -v 'a[$(rm -f x)]' ]", (A.DENY, "rule", 0),
+    ),
+    "...and an assignment arithmetic reads later": (
+        [rule("terminal", A.DENY, pattern="rm *")], False, "terminal",
+        "y='a[$(rm -f x)]'; let z=y", (A.DENY, "rule", 0),
+    ),
+    "a builtin whose commands come from a file asks where a deny exists": (
+        [rule("terminal", A.DENY, pattern="rm *")], False, "terminal", "history -r h; fc -s",
+        (A.ASK, "", None),
+    ),
+    "a workspace file is no program a pattern vouches for": (
+        [rule("terminal", A.ALLOW, pattern="./build.sh *")], True, "terminal", "./build.sh -j2",
+        (A.ASK, "", None),
+    ),
+    "a space bash does not split on is not plain": (
+        [rule("terminal", A.ALLOW, pattern="ls *")], True, "terminal", "ls -la\u3000#",
+        (A.ASK, "", None),
+    ),
 }  # fmt: skip
 
 

@@ -386,3 +386,19 @@ def test_an_output_cut_in_the_chat_is_kept_whole_in_the_workspace(workspace, set
     )
     assert not [f for f in result.images if f.get("output")]
     assert "output truncated" in result.text and "whole output" not in result.text
+
+
+def test_a_workspace_git_config_cannot_turn_git_status_into_a_program(workspace):
+    """Issue 52: ``git status`` ran ``core.fsmonitor`` from a config an earlier call wrote."""
+    terminal(
+        "git init -q . && printf '#!/bin/sh\\ntouch MONITORED\\n' > monitor.sh"
+        ' && chmod +x monitor.sh && git config core.fsmonitor "$PWD/monitor.sh"'
+        ' && git config core.hooksPath "$PWD" && git config core.pager "$PWD/monitor.sh"',
+        workspace,
+    )
+    # The control: with the pinned settings taken away, git status runs it.
+    control = terminal("env -u GIT_CONFIG_COUNT git status > /dev/null 2>&1; ls", workspace)
+    assert "MONITORED" in control
+    pinned = terminal("rm MONITORED; git status; git log; ls", workspace)
+    assert "MONITORED" not in pinned
+    assert "No commits yet" in pinned or "does not have any commits" in pinned
