@@ -26,11 +26,11 @@ run: $(VENV)/.runtime
 	./scripts/ensure-system-packages --optional bubblewrap:bwrap
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py ensure_login
-	DJANGO_DEBUG=$${DJANGO_DEBUG:-False} DJANGO_SECRET_KEY_FILE=$${DJANGO_SECRET_KEY_FILE:-.secret_key} \
-		$(VENV)/bin/daphne -b $(HOST) -p $(PORT) studio.asgi:application
+	@echo "Serving Studio on http://$(HOST):$(PORT)/ (Ctrl-C stops it)"
+	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) studio.asgi:application
 
 test: $(VENV)/.dev
-	./scripts/ensure-system-packages chromium:chromium bubblewrap:bwrap python3-matplotlib:py:matplotlib nginx:nginx openssl:openssl prometheus:prometheus
+	./scripts/ensure-system-packages chromium:chromium bubblewrap:bwrap python3-matplotlib:py:matplotlib nginx:nginx openssl:openssl prometheus:prometheus systemd:systemd-analyze
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@echo "== pass 1: SQLite + in-memory channel layer, browser tests included"

@@ -59,7 +59,7 @@ from chat.services import (
 from chat.toolbox import toolbox_for
 from chat.tools.sessions import SESSIONS
 from studio.logs import log_context
-from studio.runtime import SHARED_CHANNEL, LocalRun, Runtime, release_connection, runtime
+from studio.runtime import LocalRun, Runtime, release_connection, runtime, shared_channel
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def run_wake(run_ids) -> None:
             preferred.setdefault(stepped_by, []).append(str(run_id))
         for prefer, ids in preferred.items():
             message = {"type": "runs.resume", "run_ids": ids, "prefer": prefer}
-            rt.outbox.channel(SHARED_CHANNEL, message)
+            rt.outbox.channel(shared_channel(), message)
         return
     for run_id in run_ids:
         run_id = str(run_id)

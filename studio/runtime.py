@@ -280,9 +280,11 @@ class Outbox:
                     )
 
 
-# A channel every serving process listens on: work any one of them may take
-# (a run to resume, handed over by a process that serves no socket).
-SHARED_CHANNEL = "studio.shared"
+def shared_channel() -> str:
+    """A channel every serving process of this deployment listens on: work any
+    one of them may take (a run to resume, handed over by a process that serves
+    no socket). A layer prefixes groups and its own channels, not this name."""
+    return f"{settings.STUDIO_CHANNEL_PREFIX}.shared"
 
 
 class Inbox:
@@ -319,7 +321,7 @@ class Inbox:
         self.name = await layer.new_channel()
         self._tasks = [
             loop.create_task(self._listen(layer, self.name)),
-            loop.create_task(self._listen(layer, SHARED_CHANNEL)),
+            loop.create_task(self._listen(layer, shared_channel())),
         ]
         if settings.REDIS_URL:
             self._tasks.append(

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import re
 import secrets
+import tempfile
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -14,30 +19,37 @@ from studio.env import env_bool, env_choice, env_float, env_int, env_list, env_s
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-DEBUG = env_bool("DJANGO_DEBUG", True)
+# Off unless asked for: a debug page shows settings and the environment
+# (DATABASE_URL's password included) to anyone who sends a wrong Host.
+DEBUG = env_bool("DJANGO_DEBUG", False)
 
 
 def _secret_key() -> str:
     key = env_str("DJANGO_SECRET_KEY")
     if key:
         return key
-    # A generated key kept in an ignored file: in development, and for
-    # `make run` (one machine, DEBUG off), which names the file explicitly.
-    # Several machines must share one key: set DJANGO_SECRET_KEY there.
-    named = env_str("DJANGO_SECRET_KEY_FILE")
-    if not named and not DEBUG:
-        raise ImproperlyConfigured(
-            "DJANGO_SECRET_KEY (or DJANGO_SECRET_KEY_FILE) is required when DJANGO_DEBUG=False"
-        )
-    path = Path(named) if named else BASE_DIR / ".secret_key"
+    # A generated key kept in a file: by default an ignored one in the
+    # checkout (development, `make run`), in production the one the example
+    # environment names. Several machines must share one key: set
+    # DJANGO_SECRET_KEY (or a file they share) there.
+    path = Path(env_str("DJANGO_SECRET_KEY_FILE") or BASE_DIR / ".secret_key")
     try:
-        return path.read_text().strip()
+        key = path.read_text().strip()
     except FileNotFoundError:
-        key = secrets.token_urlsafe(50)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(key)
+        key = ""
+    if key:
         return key
+    # Written whole, then linked into place: processes starting together all
+    # read the one key that won.
+    fd, temporary = tempfile.mkstemp(prefix=".secret_key.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(50))
+        with contextlib.suppress(FileExistsError):
+            os.link(temporary, path)
+    finally:
+        os.unlink(temporary)
+    return path.read_text().strip()
 
 
 SECRET_KEY = _secret_key()
@@ -150,7 +162,9 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
     _db.setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": env_int("STUDIO_DB_POOL_SIZE", 20, minimum=2),
-        "timeout": 60,
+        # How long a request or a step waits for a connection (a burst, or
+        # PostgreSQL down) before it fails.
+        "timeout": env_float("STUDIO_DB_POOL_TIMEOUT", 60, minimum=0.1),
     }
     if env_bool("STUDIO_DB_PREPARED_STATEMENTS", True):
         # Every catch-up and every decision repeats the same few queries:
@@ -163,6 +177,37 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Channel layer: in-memory for one process, Redis for several.
 REDIS_URL = env_str("REDIS_URL")
+
+
+def _channel_prefix() -> str:
+    """This deployment's namespace on the Redis server: every group and channel carries it.
+
+    Redis Pub/Sub ignores the database number, so deployments sharing a Redis
+    server would see each other's events under one prefix. The default differs
+    wherever the database or the Redis server or database number differs.
+    """
+    explicit = env_str("STUDIO_CHANNEL_PREFIX")
+    if explicit:
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", explicit):
+            raise ImproperlyConfigured(
+                "STUDIO_CHANNEL_PREFIX must be 1 to 40 letters, digits, '-' or '_', "
+                f"got {explicit!r}"
+            )
+        return explicit
+    redis = urlsplit(REDIS_URL)
+    identity = [
+        _db["ENGINE"],
+        str(_db.get("HOST") or ""),
+        str(_db.get("PORT") or ""),
+        str(_db["NAME"]),
+        redis.hostname or "",
+        str(redis.port or ""),
+        redis.path,
+    ]
+    return "studio-" + hashlib.sha256("\0".join(identity).encode()).hexdigest()[:12]
+
+
+STUDIO_CHANNEL_PREFIX = _channel_prefix()
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -177,6 +222,7 @@ if REDIS_URL:
                 # redis-py 8 defaults to a 5 s socket timeout, which kills
                 # every idle receive(); None waits as long as needed.
                 "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
+                "prefix": STUDIO_CHANNEL_PREFIX,
             },
         }
     }

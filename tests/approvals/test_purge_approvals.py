@@ -49,7 +49,7 @@ def state(row: ToolApproval) -> tuple[str, str] | None:
 def test_dry_run_changes_nothing(aged):
     before = {name: state(row) for name, row in aged.items()}
     out = purge("--dry-run")
-    assert "Would expire 1 pending" in out
+    assert "Would expire 1 pending approval(s) older than 1 hour;" in out
     assert "would delete 1 decided" in out
     assert {name: state(row) for name, row in aged.items()} == before
 
@@ -155,3 +155,10 @@ async def test_cards_expired_by_purge_change_in_open_tabs(conversation, alice):
     assert f'data-approval-id="{approval_id}"' in frame
     assert 'data-status="denied"' in frame and "Expired" in frame
     await comm.disconnect()
+
+
+def test_the_summary_says_ages_as_people_do(conversation, settings):
+    settings.STUDIO_APPROVAL_TIMEOUT = 259200
+    assert "older than 3 days;" in purge("--dry-run")
+    settings.STUDIO_APPROVAL_TIMEOUT = 90
+    assert "older than 90 s;" in purge("--dry-run")

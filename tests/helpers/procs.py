@@ -31,6 +31,9 @@ def child_env(**extra: str) -> dict[str, str]:
     env["DJANGO_SETTINGS_MODULE"] = "studio.settings"
     env["DATABASE_URL"] = database_url()
     env["PYTHONPATH"] = str(ROOT)
+    # The children are this deployment: the test database's name differs
+    # from the one the prefix was derived from, so it is passed on.
+    env["STUDIO_CHANNEL_PREFIX"] = settings.STUDIO_CHANNEL_PREFIX
     if settings.REDIS_URL:
         env["REDIS_URL"] = settings.REDIS_URL
     else:

@@ -103,7 +103,7 @@ class Command(BaseCommand):
             )
             self.stdout.write(
                 style(
-                    f"{verb} {expired} pending approval(s) older than {pending_age:g} s; "
+                    f"{verb} {expired} pending approval(s) older than {_age(pending_age)}; "
                     f"{deleted_verb} {deleted} decided approval(s) "
                     f"older than {older_than:g} day(s)."
                 )
@@ -125,3 +125,12 @@ def _delete(ids: list[int]) -> int:
     for start in range(0, len(ids), CHUNK):
         deleted += ToolApproval.objects.filter(pk__in=ids[start : start + CHUNK]).delete()[0]
     return deleted
+
+
+def _age(seconds: float) -> str:
+    """``259200`` reads as "3 days", ``7200`` as "2 hours"; other ages in seconds."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds:g} s"
