@@ -17,10 +17,17 @@ tool call, in this order:
 An allowed call is marked started before it runs: one found started without
 a result (the process died meanwhile) is reported as interrupted, never run
 again.
+
+Every write of a step is *fenced* (``_fenced``): in its transaction it first
+holds the run's row for the step's claim (``chat.services.run_fence``). A
+step whose process paused while another took the run over writes nothing
+more and ends; after Stop (a row change) a step starts nothing new: no
+model turn, no card, no tool.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
@@ -43,6 +50,7 @@ from approvals.services.waiting import (
 from chat import events
 from chat.llm.base import ChatModel, LLMError, TextDelta, ToolCall, TurnEnd, new_call_id
 from chat.models import Conversation, Message, Run
+from chat.services import Fenced, run_fence
 from chat.toolbox import Toolbox, toolbox_for
 from chat.tools.base import ToolResult
 from chat.transcript import tool_message, transcript_build, turn_message
@@ -63,6 +71,7 @@ DUPLICATE_TEXT = (
     "something different."
 )
 CANCELLED_TEXT = "The run was stopped before this call was decided; it did not run."
+STOPPED_TEXT = "The run was stopped before this call began; it did not run."
 EDITED_TEXT = (
     "(The user edited the arguments of this call before it ran; the call above shows what ran.)"
 )
@@ -79,7 +88,12 @@ WAIT, STOP = "wait", "stop"
 
 
 class Abandoned(Exception):
-    """The process gave the run up as it exited: write nothing more (another resumes it)."""
+    """The step gave the run up (its process exits, or another claim took the run
+    over): write nothing more (another process steps it)."""
+
+
+class _Stopped(Exception):
+    """Stop was pressed: the step starts nothing new and the run ends."""
 
 
 def not_enabled_text(name: str, enabled: list[str]) -> str:
@@ -168,6 +182,7 @@ class Agent:
         self.finished = False
         # What the model is sent: built from the rows, then kept up to date.
         self.transcript: list[dict] = []
+        self._fencing = False  # inside a fenced write (nested writes share it)
 
     # -- the step -------------------------------------------------------------------
 
@@ -178,10 +193,14 @@ class Agent:
             ended = yield from self._step()
         except Abandoned:
             return
+        except _Stopped:
+            ended = True
+            yield events.Done(cancelled=True)
         finally:
             # A run that ended leaves no call pending (calls after a Stop).
             if ended and not self.cancel.abandoned:
-                approval_cancel_run(run_id=self.run_id)
+                with contextlib.suppress(Abandoned), self._fenced():
+                    approval_cancel_run(run_id=self.run_id)
 
     def _step(self) -> Iterator[events.Event]:
         """Returns True when the run ended, False when it waits."""
@@ -364,9 +383,13 @@ class Agent:
             reading=reading,
         )
         if verdict.action in (Action.ALLOW, Action.DENY):
-            return _Decided(call, approval_record_auto(verdict=verdict, **details))
+            with self._fenced(going_on=True):
+                return _Decided(call, approval_record_auto(verdict=verdict, **details))
         # The row first, then the announcement: a decision always finds its row.
-        approval = approval_request(verdict=verdict, timeout=self.knobs.approval_timeout, **details)
+        with self._fenced(going_on=True):
+            approval = approval_request(
+                verdict=verdict, timeout=self.knobs.approval_timeout, **details
+            )
         return _Asked(call, approval)
 
     def _carry_out(self, plan: _Plan) -> Iterator[events.Event]:
@@ -381,11 +404,13 @@ class Agent:
         if approval.is_pending:
             if self._already_ran(call):
                 # An identical call earlier in this turn succeeded meanwhile.
-                self._guard()
-                approvals_end(
-                    pending=ToolApproval.objects.filter(pk=approval.pk), reason=Reason.CANCELLED
-                )
-                yield self._finish(call, ToolResult(DUPLICATE_TEXT, ok=False), approval)
+                with self._fenced():
+                    approvals_end(
+                        pending=ToolApproval.objects.filter(pk=approval.pk),
+                        reason=Reason.CANCELLED,
+                    )
+                    finished = self._finish(call, ToolResult(DUPLICATE_TEXT, ok=False), approval)
+                yield finished
                 return None
             approval = self._settle(approval)
             if approval.is_pending:
@@ -401,8 +426,10 @@ class Agent:
             reason = Reason.TIMEOUT
         else:
             return approval
-        self._guard()
-        ended = approvals_end(pending=ToolApproval.objects.filter(pk=approval.pk), reason=reason)
+        with self._fenced():
+            ended = approvals_end(
+                pending=ToolApproval.objects.filter(pk=approval.pk), reason=reason
+            )
         if ended:
             return ended[0]
         # A decision won the race against it.
@@ -433,12 +460,10 @@ class Agent:
             yield self._finish(call, ToolResult(CANCELLED_TEXT, ok=False), outcome)
             return STOP
         if outcome.is_allowed:
-            # Allowed first, Stopped after (before the call began): the first
-            # decision wins, so the call runs in full, and the run stops after.
-            stopped = self.cancel.is_set()
-            cancel = CancelToken() if stopped else self.cancel
-            yield from self._execute(call, outcome, cancel=cancel)
-            return STOP if stopped else None
+            # Stop pressed before the call began (even after its Allow): it does
+            # not begin. Pressed while it runs: it is stopped, and so is the run.
+            began = yield from self._execute(call, outcome)
+            return STOP if not began or self.cancel.is_set() else None
         if outcome.reason in (Reason.TIMEOUT, Reason.EXPIRED):
             yield self._finish(call, ToolResult.error(TIMEOUT_TEXT), outcome)
             return None
@@ -450,19 +475,24 @@ class Agent:
         yield self._finish(call, ToolResult(text, ok=False), outcome)
         return None
 
-    def _execute(
-        self, call: ToolCall, approval: ToolApproval, *, cancel: CancelToken
-    ) -> Iterator[events.Event]:
+    def _execute(self, call: ToolCall, approval: ToolApproval) -> Iterator[events.Event]:
+        """Run an allowed call; returns False when Stop came before it began."""
         # Run exactly what was approved: the row's arguments (the edited ones
         # if a person edited them), checked against the hash taken then.
         if not approval.arguments_intact():
             yield self._finish(call, ToolResult.error(CHANGED_TEXT), approval)
-            return
-        self._guard()
-        if not approval_start(approval=approval):
+            return True
+        try:
+            # The tool starts only once its start is committed under the claim.
+            with self._fenced(going_on=True):
+                began = approval_start(approval=approval)
+        except _Stopped:
+            yield self._finish(call, ToolResult(STOPPED_TEXT, ok=False), approval)
+            return False
+        if not began:
             # Begun before, by a process that stopped before its result was saved.
             yield self._finish(call, ToolResult.error(INTERRUPTED_TEXT), approval)
-            return
+            return True
         arguments = approval.arguments_to_run
         if approval.was_edited:
             self._record_edit(call, arguments)
@@ -472,7 +502,7 @@ class Agent:
         release_connection()  # (as for the model: a tool may take minutes)
         result = self.toolbox.tools[call.name].execute(
             arguments,
-            cancel=cancel,
+            cancel=self.cancel,
             timeout=self.knobs.tool_timeout,
             workspace=self.workspace,
         )
@@ -485,20 +515,21 @@ class Agent:
             shown = replace(result, text=f"{EDITED_TEXT}\n{result.text}")
         # The audit's output record and the result message: one commit (on
         # PostgreSQL each commit waits for its WAL flush).
-        with transaction.atomic():
+        with self._fenced():
             approval_record_output(approval=approval, text=result.text, seconds=seconds)
             finished = self._finish(call, shown, approval)
         yield finished
+        return True
 
     def _record_edit(self, call: ToolCall, arguments: dict) -> None:
         """The transcript shows the call with the arguments that ran, not the model's."""
-        self._guard()
         call.arguments = arguments
         tool_calls = [
             {**c, "arguments": arguments} if c["id"] == call.id else c for c in self.turn.tool_calls
         ]
         self.turn.tool_calls = tool_calls
-        Message.objects.filter(pk=self.turn.pk).update(tool_calls=tool_calls)
+        with self._fenced():
+            Message.objects.filter(pk=self.turn.pk).update(tool_calls=tool_calls)
         for entry in reversed(self.transcript):
             if entry["role"] == "assistant":
                 entry.update(turn_message(self.turn.content, tool_calls))
@@ -507,12 +538,40 @@ class Agent:
     # -- rows and events ------------------------------------------------------------------
 
     def _guard(self) -> None:
-        """Before any write: a run given up by an exiting process writes nothing more."""
+        """A run given up by this step (see ``Abandoned``) writes nothing more."""
         if self.cancel.abandoned:
             raise Abandoned(self.run_id)
 
-    def _save_turn(self, turn: TurnEnd) -> list[ToolCall]:
+    @contextlib.contextmanager
+    def _fenced(self, *, going_on: bool = False):
+        """A write of this step: it commits only while the step's claim holds the run.
+
+        Fenced out, the step gives the run up (``Abandoned``); ``going_on``
+        (a write that makes the run go on) after Stop raises ``_Stopped``.
+        """
         self._guard()
+        if self._fencing:  # a write within a fenced one: the same transaction
+            yield
+            return
+        with transaction.atomic():
+            try:
+                goes_on = run_fence(run_id=self.run_id, owner=self.run.owner, claim=self.run.claim)
+            except Fenced:
+                logger.warning(
+                    "run %s: taken over elsewhere; this step writes no more", self.run_id
+                )
+                self.cancel.abandon()
+                raise Abandoned(self.run_id) from None
+            if going_on and (not goes_on or self.cancel.is_set()):
+                self.cancel.cancel()
+                raise _Stopped(self.run_id)
+            self._fencing = True
+            try:
+                yield
+            finally:
+                self._fencing = False
+
+    def _save_turn(self, turn: TurnEnd) -> list[ToolCall]:
         calls = turn.tool_calls
         for call in calls:
             # Whatever the model client: no NUL reaches a row (PostgreSQL refuses it).
@@ -524,14 +583,15 @@ class Agent:
             if not call.id or call.id in self.call_ids:
                 call.id = new_call_id()
             self.call_ids.add(call.id)
-        self.turn = Message.objects.create(
-            conversation=self.conversation,
-            run=self.run,
-            role=Message.Role.ASSISTANT,
-            content=strip_nul(turn.content),
-            tool_calls=[_call_entry(c) for c in calls],
-            model_name=self.model.label[:60],
-        )
+        with self._fenced(going_on=True):
+            self.turn = Message.objects.create(
+                conversation=self.conversation,
+                run=self.run,
+                role=Message.Role.ASSISTANT,
+                content=strip_nul(turn.content),
+                tool_calls=[_call_entry(c) for c in calls],
+                model_name=self.model.label[:60],
+            )
         self.transcript.append(turn_message(self.turn.content, self.turn.tool_calls))
         return calls
 
@@ -565,38 +625,38 @@ class Agent:
     def _save_result(
         self, call: ToolCall, result: ToolResult, approval: ToolApproval | None = None
     ) -> Message:
-        self._guard()
-        message = Message.objects.create(
-            conversation=self.conversation,
-            run=self.run,
-            role=Message.Role.TOOL,
-            content=strip_nul(result.text),
-            is_error=not result.ok,
-            attachments=list(result.images),
-            tool_call_id=call.id,
-            tool_name=call.name or "",
-            tool_arguments=call.arguments or {},
-            approval_id=approval.approval_id if approval else "",
-        )
+        with self._fenced():
+            message = Message.objects.create(
+                conversation=self.conversation,
+                run=self.run,
+                role=Message.Role.TOOL,
+                content=strip_nul(result.text),
+                is_error=not result.ok,
+                attachments=list(result.images),
+                tool_call_id=call.id,
+                tool_name=call.name or "",
+                tool_arguments=call.arguments or {},
+                approval_id=approval.approval_id if approval else "",
+            )
         self.transcript.append(tool_message(call.id, message.content))
         return message
 
     def _save_partial(self, content: str) -> None:
-        self._guard()
         if content.strip():
-            Message.objects.create(
-                conversation=self.conversation,
-                run=self.run,
-                role=Message.Role.ASSISTANT,
-                content=content,
-                model_name=self.model.label[:60],
-            )
+            with self._fenced():
+                Message.objects.create(
+                    conversation=self.conversation,
+                    run=self.run,
+                    role=Message.Role.ASSISTANT,
+                    content=content,
+                    model_name=self.model.label[:60],
+                )
 
     def _fail(self, text: str) -> Iterator[events.Event]:
-        self._guard()
-        message = Message.objects.create(
-            conversation=self.conversation, run=self.run, role=Message.Role.ERROR, content=text
-        )
+        with self._fenced():
+            message = Message.objects.create(
+                conversation=self.conversation, run=self.run, role=Message.Role.ERROR, content=text
+            )
         yield events.Failed(message_id=message.pk, text=text, created_at=message.created_at)
 
 

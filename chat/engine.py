@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
 from django.utils import timezone
 
 from approvals.services.waiting import approval_cancel_run
@@ -39,6 +39,7 @@ from chat.display import MessageView
 from chat.llm import get_model
 from chat.models import Conversation, Message, Run
 from chat.services import (
+    Fenced,
     ForkRefused,
     RunBusy,
     approval_pending,
@@ -48,6 +49,7 @@ from chat.services import (
     regenerate_point,
     run_claim,
     run_create,
+    run_fence,
     run_finish,
     run_heartbeat,
     run_release,
@@ -291,7 +293,7 @@ def _step_until_it_waits(
     """Step the claimed run, again while a decision lands as it lets go; then let it go."""
     run_id, owner = str(run.pk), rt.inbox.name
     while True:
-        local = LocalRun(run_id=run_id, conversation_id=run.conversation_id)
+        local = LocalRun(run_id=run_id, conversation_id=run.conversation_id, claim=run.claim)
         if run.stop_requested:
             local.cancel.cancel()
         with rt.lock:
@@ -304,7 +306,9 @@ def _step_until_it_waits(
         finally:
             with rt.lock:
                 rt.runs.pop(run_id, None)
-        if waiting_on is None or not run_release(run_id=run_id, owner=owner, waiting_on=waiting_on):
+        if waiting_on is None or not run_release(
+            run_id=run_id, owner=owner, waiting_on=waiting_on, claim=run.claim
+        ):
             return
         # A decision that landed while this step held the run could not claim
         # it: look once more, now that the run is free (most often the call
@@ -397,26 +401,35 @@ class Stepper:
 
     def _report_crash(self) -> None:
         try:
-            message = Message.objects.create(
-                conversation_id=self.local.conversation_id,
-                run_id=self.local.run_id,
-                role=Message.Role.ERROR,
-                content="Something went wrong in Studio while running this. "
-                "The conversation is saved; you can try again.",
-            )
-            self.publisher.send(render.appended(render.message(MessageView.of(message))))
-            self.publisher.flush()
-            approval_cancel_run(run_id=self.local.run_id)
+            with transaction.atomic():
+                # Fenced like every write of a step (see chat.agent).
+                run_fence(run_id=self.local.run_id, owner=self.run.owner, claim=self.run.claim)
+                message = Message.objects.create(
+                    conversation_id=self.local.conversation_id,
+                    run_id=self.local.run_id,
+                    role=Message.Role.ERROR,
+                    content="Something went wrong in Studio while running this. "
+                    "The conversation is saved; you can try again.",
+                )
+                approval_cancel_run(run_id=self.local.run_id)
+        except Fenced:
+            self.local.cancel.abandon()
+            return
         except Exception:
             logger.exception("could not record the failure of run %s", self.local.run_id)
+            return
+        self.publisher.send(render.appended(render.message(MessageView.of(message))))
+        self.publisher.flush()
 
     def _end(self) -> None:
-        run_finish(
+        if not run_finish(
             run_id=self.local.run_id,
             owner=self.run.owner,
+            claim=self.run.claim,
             status=self.status,
             error=self.error,
-        )
+        ):
+            return  # another claim holds the run now: its step tells the tabs
         self.publisher.send(render.run_status(""))
         self.publisher.send(
             render.run_controls(
@@ -539,18 +552,31 @@ async def heartbeat(rt: Runtime) -> None:
     while True:
         await asyncio.sleep(settings.STUDIO_RUN_HEARTBEAT_SECONDS)
         try:
-            stopped = await rt.off_loop(run_heartbeat, owner=rt.inbox.name)
+            await rt.off_loop(heartbeat_once, rt)
         except Exception:
             logger.warning("run heartbeat failed", exc_info=True)
             continue
-        for run_id in stopped:
-            cancel_from_message({"run_id": run_id})
         if SESSIONS.held():
             try:
                 # A Stop or Restart pressed in another process ends this one's session.
                 await rt.off_loop(SESSIONS.end_reset)
             except Exception:
                 logger.warning("python sessions check failed", exc_info=True)
+
+
+def heartbeat_once(rt: Runtime) -> None:
+    """Mark this process's working runs alive; end the steps of runs another claim
+    took over (this process paused past STUDIO_RUN_STALE_SECONDS), stop the
+    runs Stop was pressed for."""
+    local = rt.local_runs()
+    beat = run_heartbeat(
+        owner=rt.inbox.name, claims={run_id: run.claim for run_id, run in local.items()}
+    )
+    for run_id in beat.lost:
+        logger.warning("run %s was taken over while this process paused; its step ends", run_id)
+        local[run_id].cancel.abandon()
+    for run_id in beat.stopped:
+        local[run_id].cancel.cancel()
 
 
 async def sweep(rt: Runtime) -> None:
@@ -585,7 +611,7 @@ def wind_down(rt: Runtime) -> None:
         if time.monotonic() - beat >= 1.0:
             beat = time.monotonic()
             try:
-                run_heartbeat(owner=owner)
+                heartbeat_once(rt)
             except Exception:
                 logger.warning("run heartbeat failed while winding down", exc_info=True)
         time.sleep(0.05)

@@ -150,6 +150,10 @@ class Run(models.Model):
     stop_requested = models.BooleanField(default=False)
     # Times a process took the run over from one that stopped or died.
     resumes = models.PositiveIntegerField(default=0)
+    # The claim number: every claim raises it. A step writes only while the
+    # row still names its owner and its number (``chat.services.run_fence``),
+    # so an owner that paused past a takeover writes nothing more.
+    claim = models.PositiveBigIntegerField(default=0)
     # Started by a process that steps no runs (a WSGI worker): the first
     # serving process to claim it starts it, as new, not as taken over.
     handed_over = models.BooleanField(default=False)

@@ -458,27 +458,57 @@ def run_claim(*, run_id: str, owner: str) -> Claim | None:
         heartbeat_at=now,
         handed_over=False,
         resumes=F("resumes") + int(resumed),
+        claim=F("claim") + 1,
     )
     if not won:
         return None
     if resumed:
         logger.info("run %s resumed here (it was %s)", run.pk, run.owner or "left by its process")
     run.owner, run.waiting_on, run.heartbeat_at, run.handed_over = owner, "", now, False
-    run.stepped_by = owner
+    # The row matched as read, so its number was the one read.
+    run.stepped_by, run.claim = owner, run.claim + 1
     return Claim(run=run, resumed=resumed, started=started)
+
+
+class Fenced(Exception):
+    """A step's claim on its run is gone (another process took the run over, or
+    it ended): the step writes nothing more."""
+
+
+def run_fence(*, run_id: str, owner: str, claim: int) -> bool:
+    """Hold the run for this step's claim until the transaction commits; raises ``Fenced``.
+
+    The first statement of every write a step makes, inside that write's
+    transaction: it locks the run's row, so a takeover (a conditional update
+    of the same row) either waits for this write or this write sees it.
+    Returns False when Stop was pressed: a step then starts nothing new (no
+    model turn saved, no card, no tool), whichever process Stop was pressed
+    in and wherever its message went.
+    """
+    stop_requested = (
+        Run.objects.select_for_update()
+        .filter(pk=run_id, status=Run.Status.RUNNING, owner=owner, claim=claim)
+        .values_list("stop_requested", flat=True)
+        .first()
+    )
+    if stop_requested is None:
+        raise Fenced(run_id)
+    return not stop_requested
 
 
 def approval_pending(approval_id: str) -> bool:
     return ToolApproval.objects.pending().filter(approval_id=approval_id).exists()
 
 
-def run_release(*, run_id: str, owner: str, waiting_on: str) -> bool:
-    """The run waits for a decision on ``waiting_on``: it belongs to no process now."""
-    return bool(
-        Run.objects.running()
-        .filter(pk=run_id, owner=owner)
-        .update(owner="", waiting_on=waiting_on, heartbeat_at=timezone.now())
-    )
+def run_release(*, run_id: str, owner: str, waiting_on: str, claim: int | None = None) -> bool:
+    """The run waits for a decision on ``waiting_on``: it belongs to no process now.
+
+    ``claim``: only if the step's claim still holds it (see ``run_fence``).
+    """
+    runs = Run.objects.running().filter(pk=run_id, owner=owner)
+    if claim is not None:
+        runs = runs.filter(claim=claim)
+    return bool(runs.update(owner="", waiting_on=waiting_on, heartbeat_at=timezone.now()))
 
 
 def runs_abandon(*, run_ids: list[str], owner: str) -> int:
@@ -495,27 +525,56 @@ def runs_forget_process(*, owner: str) -> int:
     return Run.objects.running().filter(stepped_by=owner).update(stepped_by="")
 
 
-def run_finish(*, run_id: str, status: str, owner: str | None = None, error: str = "") -> None:
-    """Record how the run ended (by its owner, when ``owner`` is given)."""
+def run_finish(
+    *,
+    run_id: str,
+    status: str,
+    owner: str | None = None,
+    claim: int | None = None,
+    error: str = "",
+) -> bool:
+    """Record how the run ended (by its owner, and with its claim, when given);
+    False when the run had ended already or another holds it."""
     runs = Run.objects.filter(pk=run_id, status=Run.Status.RUNNING)
     if owner is not None:
         runs = runs.filter(owner=owner)
-    runs.update(
-        status=status,
-        owner="",
-        waiting_on="",
-        error=error[:2000],
-        finished_at=timezone.now(),
+    if claim is not None:
+        runs = runs.filter(claim=claim)
+    return bool(
+        runs.update(
+            status=status,
+            owner="",
+            waiting_on="",
+            error=error[:2000],
+            finished_at=timezone.now(),
+        )
     )
 
 
-def run_heartbeat(*, owner: str) -> list[str]:
-    """Mark the runs ``owner`` steps alive; returns those of them Stop was pressed for."""
-    if not owner:
-        return []
-    runs = Run.objects.running().filter(owner=owner)
+@dataclass(frozen=True)
+class Heartbeat:
+    # Runs another claim took over meanwhile (this process paused past
+    # STUDIO_RUN_STALE_SECONDS): their steps here must end, writing nothing.
+    lost: list[str]
+    # Runs Stop was pressed for (its message may have been lost).
+    stopped: list[str]
+
+
+def run_heartbeat(*, owner: str, claims: dict[str, int]) -> Heartbeat:
+    """Mark the runs ``owner`` steps (run id -> claim number) alive, and say which
+    of them it lost and which were stopped."""
+    if not owner or not claims:
+        return Heartbeat(lost=[], stopped=[])
+    held = Q()
+    for run_id, claim in claims.items():
+        held |= Q(pk=run_id, claim=claim)
+    runs = Run.objects.running().filter(held, owner=owner)
     runs.update(heartbeat_at=timezone.now())
-    return [str(i) for i in runs.filter(stop_requested=True).values_list("id", flat=True)]
+    alive = dict(runs.values_list("id", "stop_requested"))
+    return Heartbeat(
+        lost=[run_id for run_id in claims if uuid.UUID(run_id) not in alive],
+        stopped=[str(run_id) for run_id, stop in alive.items() if stop],
+    )
 
 
 def run_stop_request(*, conversation_id: int, user) -> Run | None:

@@ -437,6 +437,8 @@ class LocalRun:
 
     run_id: str
     conversation_id: int
+    # The claim number this step holds the run with (``chat.models.Run.claim``).
+    claim: int = 0
     cancel: CancelToken = field(default_factory=CancelToken)
 
 

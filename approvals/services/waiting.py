@@ -73,7 +73,8 @@ def approval_request(
         needs_review=verdict is not None and verdict.action == Action.REVIEW,
         **_rule_fields(verdict),
     )
-    inbox_broadcast(approval)
+    # Once committed: an inbox that hears of it must find the row.
+    transaction.on_commit(lambda: inbox_broadcast(approval))
     return approval
 
 

@@ -94,7 +94,7 @@ def test_automatic_rows_took_no_time_to_decide(conversation):
     conversation.save()
     model = ScriptedModel([("", [call("python", {"code": "print(1)"})]), ("Done.", [])])
     driver = AgentDriver.start(conversation=conversation, model=model, user=conversation.owner,
-                               run=make_run(conversation, status="done"))  # fmt: skip
+                               run=make_run(conversation))  # fmt: skip
     driver.finish()
     row = ToolApproval.objects.get()
     assert (row.decision_seconds, row.output_summary) == (0.0, "1\n")

@@ -285,35 +285,36 @@ def test_the_calls_of_one_turn_are_asked_together_and_run_in_order(conversation,
 # --- Stop racing Allow --------------------------------------------------------------------
 
 
-def test_allow_then_stop_before_the_run_looks_runs_the_call_and_says_so(
-    conversation, alice, settings
-):
-    """The row, the card and the model's text agree: the first decision (Allow) wins,
-    the call runs, and the run stops after it."""
-    from chat.agent import Agent, AgentSettings
+def test_stop_after_allow_keeps_a_call_that_has_not_begun_from_beginning(conversation, alice):
+    """Issue 54: Stop is a row change every step obeys, whatever its cancel token
+    heard. A call allowed but not begun when Stop lands never begins; the row
+    keeps its Allow and no start, the model reads that it did not run."""
+    from chat.agent import STOPPED_TEXT, Agent, AgentSettings
     from chat.events import Wait
+    from chat.models import Run
     from studio.cancel import CancelToken
 
     workspace = conversation.workspace
     code = {"code": "open('stopped.txt', 'w').write('ran'); print('ran')"}
     model = ScriptedModel([("", [call("python", code)])])
-    cancel = CancelToken()
+    run = make_run(conversation)
     details = {
-        "conversation": conversation, "model": model, "cancel": cancel, "user": alice,
-        "run": make_run(conversation), "knobs": AgentSettings.from_django(),
+        "conversation": conversation, "model": model, "user": alice, "run": run,
+        "knobs": AgentSettings.from_django(),
     }  # fmt: skip
-    steps = Agent(**details).events()
+    steps = Agent(cancel=CancelToken(), **details).events()
     started = next(e for e in steps if isinstance(e, ToolStarted))
     assert isinstance(next(steps), Wait)
     approval_decide(approval_id=started.approval_id, user=alice, decision="allow")
-    cancel.cancel()  # Stop lands before the run's next step looks at the row
-    rest = list(Agent(**details).events())
+    # Stop lands before the run's next step: the row says so, its message was lost.
+    Run.objects.filter(pk=run.pk).update(stop_requested=True)
+    rest = list(Agent(cancel=CancelToken(), **details).events())
     finished = next(e for e in rest if isinstance(e, ToolFinished))
-    assert finished.result == "ran\n" and finished.ok
-    assert (workspace / "stopped.txt").read_text() == "ran"
+    assert (finished.result, finished.ok) == (STOPPED_TEXT, False)
+    assert not (workspace / "stopped.txt").exists()
     assert rest[-1] == Done(cancelled=True)
     row = ToolApproval.objects.get(approval_id=started.approval_id)
-    assert (row.status, row.reason) == ("allowed", "user")
+    assert (row.status, row.reason, row.started_at) == ("allowed", "user", None)
     assert len(model.seen) == 1  # the run stopped: no next model turn
 
 

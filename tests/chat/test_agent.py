@@ -9,7 +9,7 @@ from approvals.models import ToolApproval, ToolRule
 from approvals.services.decisions import approval_decide
 from chat.agent import DUPLICATE_TEXT
 from chat.events import Delta, Done, Failed, Status, ToolFinished, ToolStarted, Wait
-from chat.models import Message
+from chat.models import Message, Run
 from chat.toolbox import Toolbox
 from chat.tools.base import Tool, ToolResult
 from studio.wording import REJECTION_TEXT
@@ -36,7 +36,7 @@ def clean_workspace(settings, conversation):
 
 def start(conversation, model, *, knobs: dict | None = None, **kwargs):
     # The Agent does not manage the run row (the run service does); any row will do.
-    kwargs.setdefault("run", make_run(conversation, status="done"))
+    kwargs.setdefault("run", make_run(conversation))
     return AgentDriver.start(
         conversation=conversation,
         model=model,
@@ -388,6 +388,7 @@ def test_transcript_is_rebuilt_from_rows(conversation, alice):
     conversation.confirm_tool_calls = False
     conversation.save()
     start(conversation, model).finish()
+    Run.objects.filter(conversation=conversation).update(status="done")  # (the engine's part)
     Message.objects.create(conversation=conversation, role="user", content="again")
     second = ScriptedModel([("Sure.", [])])
     start(conversation, second).finish()

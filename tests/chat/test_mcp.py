@@ -96,7 +96,7 @@ def run_agent(conversation, calls, *, knobs=None):
         conversation=conversation,
         model=model,
         user=conversation.owner,
-        run=make_run(conversation, status="done"),
+        run=make_run(conversation),
         toolbox=toolbox_for(conversation, connect=True),
         knobs=knobs or {},
     )

@@ -43,7 +43,7 @@ class AgentDriver:
             conversation=conversation,
             model=ScriptedModel(turns),
             user=user,
-            run=run or make_run(conversation, status="done"),
+            run=run or make_run(conversation),
             knobs=knobs,
         )
 

@@ -65,6 +65,7 @@ class Reply:
         die_after=None,
         finish_reason="stop",
         pace=0.0,
+        hold=None,
     ):
         self.chunks = list(chunks or [])
         if finish_reason:
@@ -78,6 +79,10 @@ class Reply:
         self.body = body
         self.die_after = die_after  # close the socket after this many chunks
         self.pace = pace  # seconds between chunks, as a model that types
+        # An Event the reply waits for (bounded) before it is sent, and one set
+        # when its request arrived: a test acts while a process waits on the model.
+        self.hold = hold
+        self.arrived = threading.Event()
 
 
 class FakeOpenAI:
@@ -120,9 +125,12 @@ class FakeOpenAI:
                 reply = (
                     server.replies.pop(0) if server.replies else Reply(chunks=content_chunks("ok"))
                 )
+                reply.arrived.set()
                 if reply.hang:
                     server.release.wait(30)
                     return
+                if reply.hold is not None:
+                    reply.hold.wait(60)
                 if reply.status != 200:
                     body = json.dumps(
                         reply.body or {"error": {"message": f"fake error {reply.status}"}}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +17,17 @@ __all__ = ["LiveServer", "free_port", "two_servers"]
 class LiveServer(DaphneProcess):
     def __init__(self, *, log_path: Path, port: int | None = None, **env: str) -> None:
         super().__init__(env=child_env(**env), port=port, log_path=log_path)
+
+    def pause(self) -> None:
+        """SIGSTOP: frozen as by a long GC pause, swapping or a paused VM."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+    def log(self) -> str:
+        assert self.log_path is not None
+        return self.log_path.read_text(errors="replace")
 
 
 @contextmanager
