@@ -8,6 +8,7 @@ from django.utils import timezone
 from chat.export import conversation_json_text
 from chat.llm import LLMError, server_models
 from chat.models import Conversation, LanguageModel, McpServer, Message, Run, parse_pairs
+from chat.tools.mcp import clashing
 
 
 class MessageInline(admin.TabularInline):
@@ -132,6 +133,14 @@ def refresh_tools(modeladmin, request: HttpRequest, queryset) -> None:
             modeladmin.message_user(request, str(exc), messages.ERROR)
         else:
             modeladmin.message_user(request, f"MCP server {server.name}: {count} tool(s) found.")
+            server.refresh_from_db()
+            for name, remotes in clashing(server.name, [t["name"] for t in server.tools]).items():
+                modeladmin.message_user(
+                    request,
+                    f"MCP server {server.name}: {' and '.join(remotes)} would both be {name}; "
+                    "neither is offered. Rename one on the server.",
+                    messages.ERROR,
+                )
 
 
 @admin.register(McpServer)
@@ -161,7 +170,15 @@ class McpServerAdmin(admin.ModelAdmin):
 
     @admin.display(description="Tools found")
     def tool_list(self, obj: McpServer) -> str:
-        return ", ".join(t["name"] for t in obj.tools) or "—"
+        names = [t["name"] for t in obj.tools]
+        listed = ", ".join(names) or "—"
+        refused = clashing(obj.name, names)
+        if not refused:
+            return listed
+        clashes = "; ".join(
+            f"{' and '.join(remotes)} would both be {name}" for name, remotes in refused.items()
+        )
+        return f"{listed}. Not offered, so that one never stands in for another: {clashes}."
 
     def save_model(self, request, obj: McpServer, form, change: bool) -> None:
         super().save_model(request, obj, form, change)

@@ -17,7 +17,16 @@ from django.utils import timezone
 
 from chat.models import McpServer, parse_pairs
 from chat.tools.base import Tool
-from chat.tools.mcp import McpHub, McpUnavailable, RemoteTool, Report, ServerSpec, remote_tool
+from chat.tools.mcp import (
+    McpHub,
+    McpUnavailable,
+    RemoteTool,
+    Report,
+    ServerSpec,
+    clashing,
+    remote_tool,
+    tool_name,
+)
 from studio.runtime import Runtime, runtime
 
 logger = logging.getLogger(__name__)
@@ -81,9 +90,11 @@ def server_tools(server: McpServer, *, connect: bool) -> list[Tool]:
             return []
     elif server.available is False:
         return []  # shown as unavailable; the model is not offered them
+    refused = clashing(server.name, [tool.name for tool in remote])
     return [
         remote_tool(hub(), spec, tool, description_prefix=f"(MCP server {server.name}) ")
         for tool in remote
+        if tool_name(server.name, tool.name) not in refused
     ]
 
 

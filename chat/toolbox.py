@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from chat.models import Conversation
 from chat.tools import builtin_tools
 from chat.tools.base import Tool
-from studio.shell import Reading
-from studio.text import canonical_json
+from studio.shell import Reading, read_arguments
 
 
 @dataclass(frozen=True)
@@ -59,11 +58,10 @@ def tool_names() -> list[str]:
     return [*(tool.name for tool in (*ALWAYS, web_search.TOOL)), *known_tool_names()]
 
 
-def call_reading(tool_name: str, arguments: dict) -> tuple[str, Reading]:
+def call_reading(tool_name: str, arguments: dict, schema: dict | None) -> tuple[str, Reading]:
     """How rules read a call: a built-in's own way (a command line as bash reads
-    it), and any other tool's arguments as JSON, in one part."""
+    it), and any other tool's argument by argument, against its schema."""
     tool = builtin_tools().get(tool_name)
     if tool is not None:
         return tool.reading(arguments)
-    subject = canonical_json(arguments)
-    return subject, Reading.whole(subject)
+    return read_arguments(arguments, schema)

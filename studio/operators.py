@@ -11,7 +11,10 @@ async def is_operator(request) -> bool:
     """A staff member's session, or ``Authorization: Bearer <STUDIO_HEALTH_TOKEN>``."""
     token = settings.STUDIO_HEALTH_TOKEN
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    if token and scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token):
+    # As bytes: compare_digest refuses a str that is not ASCII, and a header
+    # may hold anything.
+    given_bytes = given.strip().encode("utf-8", "surrogateescape")
+    if token and scheme.lower() == "bearer" and hmac.compare_digest(given_bytes, token.encode()):
         return True
     user = await request.auser()
     return bool(user.is_authenticated and user.is_active and user.is_staff)

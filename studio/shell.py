@@ -38,6 +38,8 @@ from functools import cache, lru_cache
 import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
 
+from studio.text import canonical_json
+
 
 @dataclass(frozen=True)
 class Reading:
@@ -159,6 +161,46 @@ def read_command_line(line: str, *, depth: int = 0) -> Reading:
 
 def _unique(items: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
+
+
+# --- structured calls ---------------------------------------------------------------------
+
+# How deep and how many argument pieces a structured call is read into.
+MAX_ARGUMENT_DEPTH = 4
+MAX_ARGUMENT_PIECES = 500
+
+
+def read_arguments(arguments: dict, schema: dict | None) -> tuple[str, Reading]:
+    """A structured call (an MCP tool's): the subject rules match, and how they read it.
+
+    The subject is the arguments' canonical JSON (sorted keys, no spaces).
+    Deny, Review and Ask also see each argument as a call of its own
+    (``{"cmd":"rm -rf /"}``, nested objects along their path), so a pattern
+    naming one argument matches however many others sort before it. A
+    pattern vouches (``plain``) only for a call whose every argument the
+    tool's schema declares: an undeclared one may be what a rule is about.
+    """
+    subject = canonical_json(arguments)
+    pieces = [subject]
+    stack = [((), arguments)]
+    while stack and len(pieces) < MAX_ARGUMENT_PIECES:
+        path, value = stack.pop()
+        for key in sorted(value):
+            item = value[key]
+            nested = {key: item}
+            for outer in reversed(path):
+                nested = {outer: nested}
+            pieces.append(canonical_json(nested))
+            if isinstance(item, dict) and len(path) + 1 < MAX_ARGUMENT_DEPTH:
+                stack.append(((*path, key), item))
+    declared = (schema or {}).get("properties") or {}
+    extra = sorted(k for k in arguments if k not in declared)
+    seen = _unique(pieces)
+    if extra:
+        names = ", ".join(repr(k) for k in extra[:5])
+        why = f"it has arguments the tool does not declare ({names})"
+        return subject, Reading(plain=None, seen=seen, why=why)
+    return subject, Reading(plain=(subject,), seen=seen)
 
 
 # --- plain lines ------------------------------------------------------------------------

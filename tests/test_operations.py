@@ -99,6 +99,14 @@ def test_metrics_are_for_operators_only(token):
     assert staff_client().get("/metrics").status_code == 200
 
 
+def test_a_token_that_is_not_ascii_is_refused_not_a_crash(token):
+    """Issue 52: compare_digest raised TypeError on a non-ASCII str (a 500)."""
+    for given in ("Bearer é-wrong", "Bearer \u3000", f"Bearer {TOKEN}é"):
+        assert Client().get("/metrics", HTTP_AUTHORIZATION=given).status_code == 403
+        answer = Client().get("/readyz", HTTP_AUTHORIZATION=given)
+        assert answer.status_code == 200 and answer.json() == {"status": "ok"}
+
+
 def test_waiting_calls_and_decisions_are_measured(token):
     owner = make_user("owen")
     conversation = make_conversation(owner)

@@ -178,3 +178,15 @@ def test_the_names_bash_lists_are_its_builtins_and_keywords():
 )  # fmt: skip
 def test_programs_that_run_others_are_named_for_the_card(line, program):
     assert program_runs_others(line) == program
+
+
+def test_a_structured_call_is_read_argument_by_argument():
+    from studio.shell import read_arguments
+
+    schema = {"type": "object", "properties": {"cmd": {}, "opts": {}}}
+    subject, reading = read_arguments({"opts": {"z": 1, "env": {"A": "b"}}, "cmd": "rm x"}, schema)
+    assert subject == '{"cmd":"rm x","opts":{"env":{"A":"b"},"z":1}}'
+    assert reading.plain == (subject,)
+    # Each argument alone, and a nested one along its path.
+    assert {'{"cmd":"rm x"}', '{"opts":{"z":1}}', '{"opts":{"env":{"A":"b"}}}'} <= set(reading.seen)
+    assert read_arguments({"cmd": "x", "more": 1}, schema)[1].plain is None

@@ -202,7 +202,9 @@ def approval_decide(
         scope = scope or Scope.CONVERSATION
     if status == Status.ALLOWED and approval.is_pending:
         to_run = changes.get("approved_arguments", approval.arguments_to_run)
-        subject, reading = call_read(tool_name=approval.tool_name, arguments=to_run)
+        subject, reading = call_read(
+            tool_name=approval.tool_name, arguments=to_run, schema=approval.tool_schema
+        )
         if decision == "always":
             _check_always(approval, pattern, scope, subject, reading)
         verdict = approval_verdict(
@@ -351,6 +353,14 @@ def _edited(approval: ToolApproval, arguments: object) -> dict:
         raise InvalidDecision("arguments must be a JSON object")
     arguments = strip_nul_json(arguments)
     if approval.tool_schema:
+        # Nothing the tool does not declare: rules could not read it (studio.shell.read_arguments).
+        declared = approval.tool_schema.get("properties") or {}
+        added = sorted(k for k in arguments if k not in declared and k not in approval.arguments)
+        if added:
+            raise InvalidDecision(
+                "the edit adds arguments the tool does not declare: "
+                + ", ".join(repr(k) for k in added[:5])
+            )
         validator = Draft202012Validator(approval.tool_schema)
         problem = next(iter(sorted(validator.iter_errors(arguments), key=str)), None)
         if problem is not None:

@@ -25,25 +25,23 @@ from approvals.notify import member_group
 from approvals.patterns import glob_escape, glob_match
 from studio.metrics import RULE_HITS
 from studio.runtime import runtime
-from studio.shell import Reading
-from studio.text import canonical_json
+from studio.shell import Reading, read_arguments
 
 Action = ToolRule.Action
 Reason = ToolApproval.Reason
 Scope = ToolRule.Scope
 
-# How rules read a call of a given tool: (tool name, arguments) -> (subject,
-# reading). The chat app, which knows its tools, installs it when it starts;
-# without it a call is read as its arguments' JSON, in one part.
-CallReader = Callable[[str, dict], tuple[str, Reading]]
+# How rules read a call of a given tool: (tool name, arguments, its schema)
+# -> (subject, reading). The chat app, which knows its tools, installs it when
+# it starts; without it a call is read argument by argument.
+CallReader = Callable[[str, dict, dict | None], tuple[str, Reading]]
 
 
-def _read_as_json(tool_name: str, arguments: dict) -> tuple[str, Reading]:
-    subject = canonical_json(arguments)
-    return subject, Reading.whole(subject)
+def _read_as_arguments(tool_name: str, arguments: dict, schema: dict | None):
+    return read_arguments(arguments, schema)
 
 
-_reader: list[CallReader] = [_read_as_json]
+_reader: list[CallReader] = [_read_as_arguments]
 
 
 def call_reader_install(reader: CallReader) -> None:
@@ -65,9 +63,9 @@ def tool_names() -> list[str]:
     return _tool_names[0]()
 
 
-def call_read(*, tool_name: str, arguments: dict) -> tuple[str, Reading]:
+def call_read(*, tool_name: str, arguments: dict, schema: dict | None) -> tuple[str, Reading]:
     """The subject rules match for this call, and how they read it."""
-    return _reader[0](tool_name, arguments)
+    return _reader[0](tool_name, arguments, schema)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from studio.cancel import CancelToken
-from studio.shell import Reading
+from studio.shell import Reading, read_arguments
 from studio.text import canonical_json
 
 
@@ -62,7 +62,10 @@ class Tool:
         return value if isinstance(value, str) else canonical_json(arguments)
 
     def reading(self, arguments: dict) -> tuple[str, Reading]:
-        """The subject rules match and how they read it."""
+        """The subject rules match and how they read it: a built-in's one argument
+        its own way, any other call argument by argument (``read_arguments``)."""
+        if not self.subject_argument:
+            return read_arguments(arguments, self.parameters)
         subject = self.subject(arguments)
         return subject, self.read_subject(subject)
 

@@ -114,6 +114,16 @@ def tool_name(server: str, remote: str) -> str:
     return f"{server}{SEPARATOR}{_UNSAFE.sub('_', remote)}"[:64]
 
 
+def clashing(server: str, remote_names: list[str]) -> dict[str, list[str]]:
+    """Studio names two or more of a server's tools would share (``a.b`` and
+    ``a_b``, or names alike in their first characters), with the tools': none
+    of them is offered, so no rule or card means one while another runs."""
+    by_name: dict[str, list[str]] = {}
+    for remote in remote_names:
+        by_name.setdefault(tool_name(server, remote), []).append(remote)
+    return {name: sorted(remotes) for name, remotes in by_name.items() if len(remotes) > 1}
+
+
 def describe_error(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, BaseExceptionGroup):

@@ -252,3 +252,44 @@ def test_the_admin_policy_setting_is_an_admin_allow_rule(conversation, settings)
         approval_verdict(conversation=conversation, tool_name="web_fetch", subject="x").action
         == A.DENY
     )
+
+
+# Issue 52: an MCP call's arguments are read one by one, against the tool's schema.
+RUN_SCHEMA = {"type": "object", "properties": {"cmd": {"type": "string"}}}
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"cmd": "rm -rf /srv/data"}, {"a": 0, "cmd": "rm -rf /srv/data"}, {"cmd": "rm x", "z": 1}],
+)
+def test_a_deny_naming_one_argument_holds_whatever_sorts_before_it(alice, arguments):
+    """Under ``{"cmd":"rm*`` the call {"a":0,"cmd":"rm -rf /srv/data"} sorted "a"
+    first, missed the pattern and ran with no card."""
+    from studio.shell import read_arguments
+
+    conversation = make_conversation(alice, confirm_tool_calls=False)
+    deny = ToolRule.objects.create(tool="evil__run", pattern='{"cmd":"rm*', action=A.DENY)
+    subject, reading = read_arguments(arguments, RUN_SCHEMA)
+    verdict = approval_verdict(
+        conversation=conversation, tool_name="evil__run", subject=subject, reading=reading
+    )
+    assert (verdict.action, verdict.rule) == (A.DENY, deny)
+
+
+def test_an_argument_the_schema_does_not_declare_makes_a_call_not_fully_read(alice):
+    from studio.shell import read_arguments
+
+    conversation = make_conversation(alice, confirm_tool_calls=False)
+    ToolRule.objects.create(tool="evil__run", pattern='{"cmd":"shutdown*', action=A.DENY)
+    ToolRule.objects.create(tool="evil__run", action=A.ALLOW, scope=S.MEMBER, member=alice)
+    declared = read_arguments({"cmd": "ls"}, RUN_SCHEMA)
+    extra = read_arguments({"cmd": "ls", "exec": "shutdown now"}, RUN_SCHEMA)
+    assert extra[1].plain is None and "'exec'" in extra[1].why
+
+    def verdict(read):
+        return approval_verdict(
+            conversation=conversation, tool_name="evil__run", subject=read[0], reading=read[1]
+        ).action
+
+    # Allowed as a whole tool when every argument is read; a person decides otherwise.
+    assert (verdict(declared), verdict(extra)) == (A.ALLOW, A.ASK)

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from django.utils import timezone
 
 from approvals.models import ToolApproval
 from approvals.services.decisions import approval_decide
@@ -134,6 +135,44 @@ def test_an_mcp_call_waits_for_a_decision_like_any_tool(server, conversation, al
         assert re.match(r"echo from pid \d+: gated$", result)
     else:
         assert result == "The user declined to run this tool call."
+
+
+def test_a_deny_on_one_argument_is_not_walked_around_with_another(server, conversation):
+    """Issue 52: ``{"a":0,"path":…}`` sorted "a" first, missed the Deny and ran."""
+    from approvals.models import ToolRule
+
+    conversation.confirm_tool_calls = False
+    conversation.save()
+    deny = ToolRule.objects.create(
+        tool="tools__remove", pattern='{"path":"/srv*', action="deny", note="Not the data."
+    )
+    driver = run_agent(conversation, [call("tools__remove", {"a": 0, "path": "/srv/data"})])
+    finished = driver.wait_for(ToolFinished)
+    driver.finish()
+    assert finished.result == "Blocked by a rule: Not the data."
+    row = ToolApproval.objects.get(approval_id=finished.approval_id)
+    assert (row.status, row.reason, row.rule_id) == ("denied", "rule", deny.pk)
+
+
+def test_tools_whose_names_clash_are_both_refused_and_the_admin_says_why(admin_user):
+    from django.test import Client
+
+    from chat.mcp import server_tools
+
+    tools = [
+        {"name": name, "description": "", "input_schema": {"type": "object"}}
+        for name in ("a.b", "a_b", "echo", "x" * 70, "x" * 69 + "y")
+    ]
+    server = McpServer.objects.create(
+        name="clash", command="true", tools=tools, last_connected_at=timezone.now()
+    )
+    offered = {tool.name for tool in server_tools(server, connect=False)}
+    assert offered == {"clash__echo"}
+    client = Client()
+    client.force_login(admin_user)
+    page = client.get(f"/admin/chat/mcpserver/{server.pk}/change/").content.decode()
+    assert "a.b and a_b would both be clash__a_b" in page
+    assert "would both be clash__xxxx" in page
 
 
 def test_disabled_mcp_tools_are_not_offered_or_run(server, conversation):

@@ -91,10 +91,12 @@ def a_gave_up(a, conversation) -> None:
     """Until A says it lost the run, or wrote what it must not have (then the
     assertions that follow say what)."""
     until(
-        lambda: "taken over" in a.log()
-        or count(conversation) > 1
-        or rows(conversation)["turns with calls"] > 1
-        or rows(conversation)["calls answered twice"],
+        lambda: (
+            "taken over" in a.log()
+            or count(conversation) > 1
+            or rows(conversation)["turns with calls"] > 1
+            or rows(conversation)["calls answered twice"]
+        ),
         "A noticing it lost the run",
     )
 
@@ -192,6 +194,7 @@ def test_stop_pressed_while_the_owner_is_frozen(
         stop = Tab(b.ws_url, conversation.pk, session_cookie(alice), origin=b.url)
         stop.until('id="transcript"')
         stop.ws.send(json.dumps({"action": "stop"}))
+        until(lambda: run_of(conversation).stop_requested, "Stop recorded")
         if thawed == "after the takeover":
             until(lambda: run_of(conversation).status == "cancelled", "B ending the run")
         stop.close()
