@@ -43,6 +43,8 @@ CSV_FIELDS = [
     "reviewed_by",
     "decision_seconds",
     "run_seconds",
+    "fresh_interpreter",
+    "interpreter_session",
     "output_size",
     "output_sha256",
     "decided_ip",
@@ -188,7 +190,9 @@ class ToolApprovalAdmin(admin.ModelAdmin):
         "reason_short",
         "chat",
     ]
-    list_filter = [StateFilter, "reason", "needs_review", "tool_name", "requested_at"]
+    list_filter = [
+        StateFilter, "reason", "needs_review", "fresh_interpreter", "tool_name", "requested_at",
+    ]  # fmt: skip
     search_fields = [
         "tool_name",
         "arguments",
@@ -208,7 +212,8 @@ class ToolApprovalAdmin(admin.ModelAdmin):
                                      "decided_by", "reviewer", "decided_at", "decision_time",
                                      "decided_ip", "decided_user_agent", "decided_request_id",
                                      "note", "rule"]}),
-        ("What it gave back", {"fields": ["run_time", "output_size", "output_sha256",
+        ("What it gave back", {"fields": ["run_time", "interpreter_session",
+                                          "fresh_interpreter", "output_size", "output_sha256",
                                           "output"]}),
         ("In its conversation", {"fields": ["conversation", "context", "run_id",
                                             "tool_call_id"]}),

@@ -145,6 +145,11 @@ class ToolApproval(models.Model):
     # When an allowed call began to run: set once, before it starts, so a
     # call found started with no result after a crash is never run again.
     started_at = models.DateTimeField(null=True, blank=True)
+    # A call of a tool that keeps state between calls (the chat's python
+    # session): allowed to run in a fresh interpreter instead, and the kept
+    # interpreter it ran in (blank: one of its own).
+    fresh_interpreter = models.BooleanField(default=False)
+    interpreter_session = models.CharField(max_length=32, blank=True)
     # STUDIO_APPROVAL_WEBHOOK_URL: when a process claimed the one POST for this
     # row (a conditional update: one claim across processes), and how it went.
     webhook_at = models.DateTimeField(null=True, blank=True)

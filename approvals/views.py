@@ -27,7 +27,7 @@ from approvals.services.decisions import (
 from studio.http import HtmxHttpRequest, client_ip, wants_json
 from studio.logs import log_context
 
-SINGLE = ("decision", "note", "arguments", "pattern", "scope")
+SINGLE = ("decision", "note", "arguments", "pattern", "scope", "fresh")
 
 
 @require_GET
@@ -81,6 +81,7 @@ def decide(request: HtmxHttpRequest, approval_id: str) -> HttpResponse:
                 arguments=_edited_arguments(request),
                 pattern=request.POST.get("pattern", ""),
                 scope=request.POST.get("scope", ""),
+                fresh=request.POST.get("fresh", "") in ("1", "true", "on"),
                 client=_client(request),
             )
     except ApprovalNotFound:

@@ -505,6 +505,7 @@ class Agent:
             cancel=self.cancel,
             timeout=self.knobs.tool_timeout,
             workspace=self.workspace,
+            fresh=approval.fresh_interpreter,
         )
         seconds = time.monotonic() - started
         TOOL_CALL_SECONDS.labels(call.name, "ok" if result.ok else "error").observe(seconds)
@@ -516,7 +517,9 @@ class Agent:
         # The audit's output record and the result message: one commit (on
         # PostgreSQL each commit waits for its WAL flush).
         with self._fenced():
-            approval_record_output(approval=approval, text=result.text, seconds=seconds)
+            approval_record_output(
+                approval=approval, text=result.text, seconds=seconds, session=result.session
+            )
             finished = self._finish(call, shown, approval)
         yield finished
         return True

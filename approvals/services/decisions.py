@@ -55,6 +55,9 @@ DECISIONS: dict[str, tuple[str, str]] = {
     "deny": (Status.DENIED, Reason.USER),
 }
 MAX_BATCH = 100
+# Tools whose calls share state kept between them (the chat's python session):
+# a decision may run one in a fresh interpreter instead.
+FRESH_TOOLS = frozenset(("python",))
 
 
 class ApprovalNotFound(Exception):
@@ -166,13 +169,16 @@ def approval_decide(
     arguments: object = None,
     pattern: str = "",
     scope: str = "",
+    fresh: bool = False,
     client: ClientInfo | None = None,
 ) -> DecideResult:
     """Record ``user``'s decision if the row is still pending; first decision wins.
 
     ``allow``, ``deny`` (+ ``note``), ``edit`` (+ ``arguments``: run exactly
     those instead, checked against the tool's schema) or ``always`` (+
-    optional ``pattern`` and ``scope``: also make an Allow rule).
+    optional ``pattern`` and ``scope``: also make an Allow rule). ``fresh``
+    with ``allow`` or ``edit``: a python call runs in a fresh interpreter,
+    not in the chat's python session.
 
     Whatever lets a call run goes through the rules again, on the arguments
     that would run: a Deny refuses the decision (``DecisionForbidden``) and
@@ -193,10 +199,17 @@ def approval_decide(
         raise InvalidDecision(f"note must be at most {settings.STUDIO_NOTE_MAX_LENGTH} characters")
     status, reason = DECISIONS[decision]
     changes: dict = {}
+    if fresh:
+        if decision not in ("allow", "edit"):
+            raise InvalidDecision("fresh goes with decision=allow or decision=edit")
+        if approval.tool_name not in FRESH_TOOLS:
+            raise InvalidDecision(f"fresh is for {', '.join(sorted(FRESH_TOOLS))} calls only")
+        changes["fresh_interpreter"] = True
     if decision == "edit":
-        changes = _edited(approval, arguments)
-        if not changes:
+        edited = _edited(approval, arguments)
+        if not edited:
             reason = Reason.USER  # edited back to what the model asked: a plain Allow
+        changes.update(edited)
     pattern = strip_nul(pattern or "").strip()
     if decision == "always":
         scope = scope or Scope.CONVERSATION
@@ -353,14 +366,6 @@ def _edited(approval: ToolApproval, arguments: object) -> dict:
         raise InvalidDecision("arguments must be a JSON object")
     arguments = strip_nul_json(arguments)
     if approval.tool_schema:
-        # Nothing the tool does not declare: rules could not read it (studio.shell.read_arguments).
-        declared = approval.tool_schema.get("properties") or {}
-        added = sorted(k for k in arguments if k not in declared and k not in approval.arguments)
-        if added:
-            raise InvalidDecision(
-                "the edit adds arguments the tool does not declare: "
-                + ", ".join(repr(k) for k in added[:5])
-            )
         validator = Draft202012Validator(approval.tool_schema)
         problem = next(iter(sorted(validator.iter_errors(arguments), key=str)), None)
         if problem is not None:
@@ -368,6 +373,14 @@ def _edited(approval: ToolApproval, arguments: object) -> dict:
             raise InvalidDecision(
                 f"the arguments do not fit the tool: {problem.message}"
                 + (f" (at '{where}')" if where else "")
+            )
+        # Nothing the tool does not declare: rules could not read it (studio.shell.read_arguments).
+        declared = approval.tool_schema.get("properties") or {}
+        added = sorted(k for k in arguments if k not in declared and k not in approval.arguments)
+        if added:
+            raise InvalidDecision(
+                "the edit adds arguments the tool does not declare: "
+                + ", ".join(repr(k) for k in added[:5])
             )
     if arguments == approval.arguments:
         return {}

@@ -131,11 +131,15 @@ def _rule_fields(verdict: Verdict | None) -> dict:
     return {"rule": rule if rule.pk else None, "rule_snapshot": rule.snapshot()}
 
 
-def approval_record_output(*, approval: ToolApproval, text: str, seconds: float) -> None:
-    """Keep what the tool gave back: its first OUTPUT_SUMMARY_BYTES, size and SHA-256."""
+def approval_record_output(
+    *, approval: ToolApproval, text: str, seconds: float, session: str = ""
+) -> None:
+    """Keep what the tool gave back: its first OUTPUT_SUMMARY_BYTES, size and SHA-256,
+    and the kept interpreter it ran in (``session``; blank: one of its own)."""
     data = text.encode("utf-8", "replace")
     summary = data[:OUTPUT_SUMMARY_BYTES].decode("utf-8", "ignore")
     ToolApproval.objects.filter(pk=approval.pk).update(
+        interpreter_session=session,
         run_seconds=seconds,
         output_summary=strip_nul(summary),
         output_size=len(data),

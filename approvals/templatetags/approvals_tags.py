@@ -5,6 +5,7 @@ import json
 from urllib.parse import urlsplit
 
 from django import template
+from django.db.models import Count, Max, Min
 from django.utils import timezone
 from django.utils.timesince import timesince
 
@@ -123,6 +124,39 @@ def no_prefix_because(approval) -> str:
     if program is None:
         return ""
     return f"{program} can run other programs that its options or files name"
+
+
+@register.filter
+def kept_session_note(approval) -> str:
+    """What a pending call of a tool that keeps state runs in: the chat's python
+    session and the calls that shaped it, as far as its rows say ("" otherwise)."""
+    from django.conf import settings
+
+    from approvals.models import ToolApproval
+    from approvals.services.decisions import FRESH_TOOLS
+
+    if approval.tool_name not in FRESH_TOOLS or not settings.STUDIO_PYTHON_SESSIONS:
+        return ""
+    # One query: the sessions this chat's calls ran in, the latest first.
+    last = (
+        ToolApproval.objects.filter(
+            conversation_id=approval.conversation_id, tool_name=approval.tool_name
+        )
+        .exclude(interpreter_session="")
+        .values("interpreter_session")
+        .annotate(calls=Count("id"), since=Min("started_at"), latest=Max("started_at"))
+        .order_by("-latest")
+        .first()
+    )
+    reset = getattr(approval.conversation, "python_reset_at", None)
+    idle = timezone.now() - timezone.timedelta(seconds=settings.STUDIO_PYTHON_IDLE_SECONDS)
+    if last is None or last["latest"] < idle or (reset and reset > last["latest"]):
+        return "Runs in this chat's python session, which starts afresh with it."
+    calls = "1 earlier call" if last["calls"] == 1 else f"{last['calls']} earlier calls"
+    since = timezone.localtime(last["since"])
+    return (
+        f"Runs in this chat's python session: {calls} since {since:%H:%M} can change what it does."
+    )
 
 
 @register.filter

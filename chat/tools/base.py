@@ -26,6 +26,8 @@ class ToolResult:
     text: str
     ok: bool = True
     images: tuple[dict, ...] = ()
+    # The kept interpreter the call ran in (a chat's python session), for the audit.
+    session: str = ""
 
     @classmethod
     def error(cls, message: str) -> ToolResult:
@@ -56,6 +58,9 @@ class Tool:
     # How rules read the subject (a command line as bash reads it); without
     # one, the subject is one part.
     read_subject: Callable[[str], Reading] = Reading.whole
+    # A tool that keeps state between calls: how a call runs in a fresh
+    # interpreter instead, when its decision says so.
+    run_fresh: RunFn | None = None
 
     def subject(self, arguments: dict) -> str:
         value = arguments.get(self.subject_argument) if self.subject_argument else None
@@ -106,12 +111,19 @@ class Tool:
         return Draft202012Validator(self.parameters)
 
     def execute(
-        self, arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path
+        self,
+        arguments: dict,
+        *,
+        cancel: CancelToken,
+        timeout: float,
+        workspace: Path,
+        fresh: bool = False,
     ) -> ToolResult:
         problem = self.validate(arguments)
         if problem:
             return ToolResult.error(f"{problem}.")
+        run = self.run_fresh if fresh and self.run_fresh is not None else self.run
         try:
-            return self.run(arguments, cancel=cancel, timeout=timeout, workspace=workspace)
+            return run(arguments, cancel=cancel, timeout=timeout, workspace=workspace)
         except Exception as exc:  # a tool bug must not kill the run
             return ToolResult.error(f"the {self.name} tool failed: {type(exc).__name__}: {exc}")

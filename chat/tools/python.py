@@ -57,46 +57,58 @@ _studio_code = sys.stdin.read()
 exec(compile(_studio_code, "<stdin>", "exec"), {"__name__": "__main__"})
 """
 )
-# A python session (chat.tools.sessions): one namespace for every call. Each
-# call arrives on stdin as its length in bytes, a newline and the source; its
-# end is the marker given as the last argument, then its exit status. The
-# call's own stdin reads nothing (the requests stream is kept aside).
+# A python session (chat.tools.sessions): one namespace for every call. The
+# first line on stdin is the session's secret marker; then each call arrives
+# as its length in bytes, a newline and the source. Its output is framed by
+# the marker: "<marker>start <n>" before it, "<marker>end <n> <status>" after,
+# so what threads print between calls is nobody's output. The marker lives in
+# the serving function's frame only: not in __main__, argv or the command
+# line, where the model's code could read it by name. The call's own stdin
+# reads nothing (the requests stream is kept aside).
 KERNEL = (
     FIGURES
     + """
-import io, os, traceback
-_studio_marker = sys.argv[-1].encode()
+def _studio_serve():
+    import io, os, traceback
+    requests = os.fdopen(os.dup(0), "rb")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(os.devnull)
+    marker = requests.readline().rstrip(b"\\n")
+    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    number = 0
+    while True:
+        header = requests.readline()
+        if not header:
+            break
+        code = requests.read(int(header)).decode("utf-8", "replace")
+        number += 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.write(1, marker + b"start %d\\n" % number)
+        status = 0
+        try:
+            exec(compile(code, "<stdin>", "exec"), namespace)
+        except SystemExit as exit_:
+            if exit_.code is None or isinstance(exit_.code, int):
+                status = exit_.code or 0
+            else:
+                print(exit_.code, file=sys.stderr)
+                status = 1
+        except BaseException:
+            status = 1
+            kind, value, trace = sys.exc_info()
+            traceback.print_exception(kind, value, trace.tb_next)
+            del kind, value, trace
+        if "matplotlib.pyplot" in sys.modules:
+            _studio_save_figures(sys.modules["matplotlib.pyplot"])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.write(1, marker + b"end %d %d\\n" % (number, status))
+
 sys.argv = [""]
-_studio_requests = os.fdopen(os.dup(0), "rb")
-_studio_null = os.open(os.devnull, os.O_RDONLY)
-os.dup2(_studio_null, 0)
-os.close(_studio_null)
-sys.stdin = open(os.devnull)
-_studio_namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-while True:
-    _studio_header = _studio_requests.readline()
-    if not _studio_header:
-        break
-    _studio_code = _studio_requests.read(int(_studio_header)).decode("utf-8", "replace")
-    _studio_status = 0
-    try:
-        exec(compile(_studio_code, "<stdin>", "exec"), _studio_namespace)
-    except SystemExit as _studio_exit:
-        if _studio_exit.code is None or isinstance(_studio_exit.code, int):
-            _studio_status = _studio_exit.code or 0
-        else:
-            print(_studio_exit.code, file=sys.stderr)
-            _studio_status = 1
-    except BaseException:
-        _studio_status = 1
-        _kind, _value, _trace = sys.exc_info()
-        traceback.print_exception(_kind, _value, _trace.tb_next)
-        del _kind, _value, _trace
-    if "matplotlib.pyplot" in sys.modules:
-        _studio_save_figures(sys.modules["matplotlib.pyplot"])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.write(1, _studio_marker + str(_studio_status).encode() + b"\\n")
+_studio_serve()
 """
 )
 
@@ -125,6 +137,13 @@ def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path
             cancel=cancel,
             argv=[sandbox_python(), "-I", "-u", "-c", KERNEL],
         )
+    return run_alone(arguments, cancel=cancel, timeout=timeout, workspace=workspace)
+
+
+def run_alone(
+    arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path
+) -> ToolResult:
+    """In an interpreter of its own: no earlier call shaped it (the chat's session lives on)."""
     return run_tool(
         [sandbox_python(), "-I", "-c", PRELUDE],
         workspace=workspace,
@@ -150,6 +169,7 @@ TOOL = Tool(
         "additionalProperties": False,
     },
     run=run,
+    run_fresh=run_alone,
     subject_argument="code",
 )
 

@@ -20,6 +20,7 @@ included, is only ever shown as the call's output and trusted for nothing.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import subprocess
 import threading
@@ -50,6 +51,8 @@ from chat.tools.sandbox import (
 )
 from studio.cancel import CancelToken
 
+logger = logging.getLogger(__name__)
+
 # A session's interpreter may use this much CPU over its whole life; then it
 # is killed like any call past a limit, and the next call starts afresh.
 SESSION_CPU_SECONDS = 3600
@@ -73,45 +76,65 @@ class Session:
     workspace: Path
     proc: subprocess.Popen
     prepared: Prepared
-    marker: bytes  # how the interpreter ends each call's output
+    marker: bytes  # how the interpreter frames each call's output (chat.tools.python)
+    # Which session of the chat a call ran in, for the audit row.
+    id: str = field(default_factory=lambda: secrets.token_hex(6))
     started_at: datetime = field(default_factory=timezone.now)
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     sink: OutputSink | None = None
-    tail: bytes = b""
+    calls: int = 0  # calls sent so far; the one whose output is wanted now
+    in_call: bool = False
     status: int | None = None
+    stray: int = 0  # bytes printed between calls (by threads of earlier calls), dropped
     ended: threading.Event = field(default_factory=threading.Event)
 
     def read(self) -> None:
-        """(Its reader thread.) Feed output to the current call; note each call's end."""
+        """(Its reader thread.) Output between the current call's start and end lines
+        is that call's; anything else was printed between calls and is dropped."""
         assert self.proc.stdout is not None
+        data = b""
         while block := self.proc.stdout.read1(65536):
-            data = self.tail + block
-            end = data.find(self.marker)
-            if end < 0:
-                # Keep what could be the start of a marker split across reads.
-                keep_back = len(self.marker) + 8
-                self._emit(data[:-keep_back] if len(data) > keep_back else b"")
-                self.tail = data[-keep_back:] if len(data) > keep_back else data
-                continue
-            line_end = data.find(b"\n", end)
-            if line_end < 0:
-                self.tail = data
-                continue
-            self._emit(data[:end])
-            try:
-                self.status = int(data[end + len(self.marker) : line_end].strip() or b"1")
-            except ValueError:
-                self.status = 1
-            self.tail = data[line_end + 1 :]
-            self.ended.set()
-        self._emit(self.tail)
-        self.tail = b""
+            data = self._frame(data + block)
+        self._emit(data)
         self.ended.set()
 
+    def _frame(self, data: bytes) -> bytes:
+        """Route what ``data`` holds; returns what may still be the start of a frame line."""
+        while True:
+            at = data.find(self.marker)
+            if at < 0:
+                # Keep back what could be the start of a marker split across reads.
+                keep = len(self.marker) + 32
+                self._emit(data[:-keep] if len(data) > keep else b"")
+                return data[-keep:] if len(data) > keep else data
+            line_end = data.find(b"\n", at)
+            if line_end < 0:
+                self._emit(data[:at])
+                return data[at:]
+            self._emit(data[:at])
+            self._frame_line(data[at + len(self.marker) : line_end].split())
+            data = data[line_end + 1 :]
+
+    def _frame_line(self, words: list[bytes]) -> None:
+        wanted = str(self.calls).encode()
+        if words[:2] == [b"start", wanted]:
+            self.in_call = True
+        elif words[:2] == [b"end", wanted] and self.in_call:
+            try:
+                self.status = int(words[2])
+            except (IndexError, ValueError):
+                self.status = 1
+            self.in_call = False
+            self.ended.set()
+
     def _emit(self, data: bytes) -> None:
-        if data and self.sink is not None:
+        if not data:
+            return
+        if self.in_call and self.sink is not None:
             self.sink.add(data)
+        else:
+            self.stray += len(data)
 
     @property
     def alive(self) -> bool:
@@ -161,13 +184,12 @@ class Sessions:
         if ended:
             self.end(workspace, session)
         text = result.text + (FRESH_TEXT if fresh else "") + (ENDED_TEXT if ended else "")
-        return ToolResult(text, ok=result.ok, images=result.images)
+        return ToolResult(text, ok=result.ok, images=result.images, session=session.id)
 
     def _start(self, workspace: Path, argv: list[str]) -> Session:
         limits = default_limits()
-        marker = b"\x1estudio-end-" + secrets.token_hex(8).encode() + b" "
-        # The interpreter ends each call's output with the marker, its last argument.
-        argv = [*argv, marker.decode()]
+        # Given on stdin, never in argv (the command line is readable in /proc).
+        marker = b"\x1estudio-" + secrets.token_hex(16).encode() + b" "
         prepared = prepare(
             argv, workspace=workspace, limits=limits, cpu_seconds=SESSION_CPU_SECONDS
         )
@@ -186,6 +208,12 @@ class Sessions:
         except OSError:
             prepared.release()
             raise
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(marker + b"\n")
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # it died at once: its first call sees it exit
         session = Session(
             workspace=workspace,
             proc=proc,
@@ -201,7 +229,15 @@ class Sessions:
         """(The call's result, whether the session ended with it.)"""
         limits = default_limits()
         before = snapshot(session.workspace)
+        if session.stray:
+            logger.info(
+                "python session %s: %d bytes printed between calls were dropped",
+                session.id,
+                session.stray,
+            )
+            session.stray = 0
         session.sink, session.status = OutputSink(), None
+        session.calls += 1
         session.ended.clear()
         payload = code.encode("utf-8", errors="replace")
         try:

@@ -232,3 +232,31 @@ def test_an_untrusted_request_id_never_makes_a_repeat(alice_client, approval, se
     assert [a.status_code for a in answers] == [302, 409]
     row = ToolApproval.objects.get(pk=approval.pk)
     assert row.decided_request_id == answers[0]["X-Request-ID"] != "chosen"
+
+
+# --- issue 52: allow a python call in a fresh interpreter -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "decision", "status", "fresh"),
+    [
+        ("python", "allow", 200, True),
+        ("python", "deny", 400, False),
+        ("terminal", "allow", 400, False),
+    ],
+)
+def test_fresh_goes_with_an_allow_of_a_python_call(alice, tool, decision, status, fresh):
+    from tests.factories import make_conversation
+
+    row = make_approval(make_conversation(alice), tool_name=tool, arguments={"code": "1"})
+    client = Client()
+    client.force_login(alice)
+    answer = client.post(
+        f"/approvals/{row.approval_id}/decide/",
+        {"decision": decision, "fresh": "1"},
+        HTTP_ACCEPT="application/json",
+    )
+    assert answer.status_code == status
+    row = ToolApproval.objects.get(pk=row.pk)
+    assert row.fresh_interpreter is fresh
+    assert row.status == ("allowed" if status == 200 else "pending")

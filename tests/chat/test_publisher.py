@@ -138,11 +138,16 @@ def test_an_announced_card_is_the_row_as_it_is_now_read_in_one_query():
     from django.test.utils import CaptureQueriesContext
 
     conversation = make_conversation(make_user())
-    approval = make_approval(conversation)
+    approval = make_approval(conversation, tool_name="terminal", arguments={"command": "ls"})
     with CaptureQueriesContext(connection) as queries:
         pending = render.tool_started(started(approval))
     assert 'data-status="pending"' in pending and 'value="allow"' in pending
     assert len(queries) == 1, "the row comes with its conversation"
+    # A python card also says what shaped the chat's python session: one query more.
+    python = make_approval(conversation)
+    with CaptureQueriesContext(connection) as queries:
+        assert "python session" in render.tool_started(started(python))
+    assert len(queries) == 2
     # Decided before its card went out (another tab was quicker): the card says so.
     ToolApproval.objects.filter(pk=approval.pk).update(status=ToolApproval.Status.DENIED)
     decided = render.tool_started(started(approval))
