@@ -93,7 +93,7 @@ class McpServerForm(forms.ModelForm):
 
     class Meta:
         model = McpServer
-        fields = ["name", "command", "url", "environment", "headers", "enabled"]
+        fields = ["name", "command", "url", "environment", "headers", "network", "enabled"]
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -152,7 +152,20 @@ class McpServerAdmin(admin.ModelAdmin):
     readonly_fields = ["last_connected_at", "last_error", "tool_list"]
     actions = [refresh_tools]
     fieldsets = [
-        (None, {"fields": ["name", "command", "url", "environment", "headers", "enabled"]}),
+        (
+            None,
+            {
+                "fields": [
+                    "name",
+                    "command",
+                    "url",
+                    "environment",
+                    "headers",
+                    "network",
+                    "enabled",
+                ]
+            },
+        ),
         ("Status", {"fields": ["last_connected_at", "last_error", "tool_list"]}),
     ]
 

@@ -75,6 +75,7 @@ def spec_for(server: McpServer) -> ServerSpec:
         url=server.url.strip(),
         env=tuple(sorted(parse_pairs(server.environment, what="Environment").items())),
         headers=tuple(sorted(parse_pairs(server.headers, what="Headers").items())),
+        network=server.network,
     )
 
 

@@ -296,6 +296,11 @@ class McpServer(models.Model):
     headers = models.TextField(
         "Headers", blank=True, help_text="Extra HTTP headers for URL: Name=value lines."
     )
+    network = models.BooleanField(
+        "May reach the network",
+        default=False,
+        help_text="A Command server runs sandboxed; tick to let it reach the network.",
+    )
     enabled = models.BooleanField("Enabled", default=True)
     # What this deployment last learned about it (any process may write).
     last_connected_at = models.DateTimeField("Last connected", null=True, blank=True)

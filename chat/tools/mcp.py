@@ -31,6 +31,7 @@ from pathlib import Path
 
 from chat.tools.base import Tool, ToolResult
 from chat.tools.images import IMAGE_TYPES, human_size, max_bytes, store
+from chat.tools.server_sandbox import server_argv
 from studio.cancel import CancelToken
 from studio.text import strip_nul, strip_nul_json
 
@@ -56,6 +57,8 @@ class ServerSpec:
     url: str = ""
     env: tuple[tuple[str, str], ...] = ()
     headers: tuple[tuple[str, str], ...] = ()
+    # A stdio server may reach the network (its sandbox shares the host's).
+    network: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,9 @@ class _Connection:
         from mcp.shared._httpx_utils import create_mcp_http_client
 
         if self.spec.command:
-            command, *args = self.spec.command
+            command, *args = server_argv(
+                self.spec.command, name=self.spec.name, network=self.spec.network
+            )
             params = StdioServerParameters(command=command, args=args, env=dict(self.spec.env))
             with open(os.devnull, "w") as errlog:  # the server's stderr is its own business
                 async with stdio_client(params, errlog=errlog) as streams:

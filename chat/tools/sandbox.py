@@ -447,6 +447,19 @@ _JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; don
 # --- building the command line ---------------------------------------------------------------
 
 
+def system_view() -> list[str]:
+    """bubblewrap's arguments for the read-only system every sandbox sees."""
+    view: list[str] = []
+    for path in _SYSTEM_BINDS:
+        view += ["--ro-bind", path, path]
+    for link, target in _USR_LINKS.items():
+        if os.path.islink(link):
+            view += ["--symlink", target, link]
+        elif os.path.isdir(link):
+            view += ["--ro-bind", link, link]
+    return view
+
+
 def _interpreter_binds(argv: list[str]) -> list[str]:
     """A configured interpreter outside /usr is bound read-only with its prefix."""
     program = Path(argv[0])
@@ -545,13 +558,7 @@ def bwrap_argv(
     if not can_drop_privileges():
         # Unprivileged: bubblewrap needs a user namespace of its own.
         command.append("--unshare-user")
-    for path in _SYSTEM_BINDS:
-        command += ["--ro-bind", path, path]
-    for link, target in _USR_LINKS.items():
-        if os.path.islink(link):
-            command += ["--symlink", target, link]
-        elif os.path.isdir(link):
-            command += ["--ro-bind", link, link]
+    command += system_view()
     command += _interpreter_binds(argv)
     command += ["--proc", "/proc", "--dev", "/dev"]
     for tmp in PRIVATE_DIRS:

@@ -353,3 +353,67 @@ def test_the_admin_explains_how_a_servers_tools_are_named(admin_user):
     client.force_login(admin_user)
     page = client.get("/admin/chat/mcpserver/add/").content.decode()
     assert "Its tools are offered as NAME__TOOL: this name, two underscores, the tool." in page
+
+
+# --- issue 53: stdio servers run sandboxed ---------------------------------------------------
+
+
+def test_a_stdio_server_cannot_read_studios_files(fresh_hub, root_sandbox, settings, conversation):
+    """Started by a server running as root, a stdio MCP server could read the
+    database and the secret key. Now none of Studio's files exist for it."""
+    from django.db import connection
+
+    from chat.mcp import hub, spec_for
+
+    server = McpServer.objects.create(name="peeker", command=f"{sys.executable} {SERVER} stdio")
+    spec = spec_for(server)
+    conversation.workspace.mkdir(parents=True, exist_ok=True)
+    (conversation.workspace / "secret.txt").write_text("a member's file")
+    secrets = {
+        "the database": connection.settings_dict["NAME"],
+        "the secret key": str(settings.BASE_DIR / ".secret_key"),
+        "a workspace": str(conversation.workspace / "secret.txt"),
+    }
+    if connection.vendor != "sqlite":
+        del secrets["the database"]  # (PostgreSQL: over the network it may not reach)
+    for what, path in secrets.items():
+        answer = hub().call(spec, "peek", {"path": path}, timeout=20, cancel=CancelToken())
+        assert "cannot read" in _text(answer), what
+    # The control: the server does read what is its own.
+    answer = hub().call(spec, "peek", {"path": str(SERVER)}, timeout=20, cancel=CancelToken())
+    assert "read: b'" in _text(answer)
+
+
+@pytest.mark.parametrize("network", [False, True])
+def test_a_stdio_server_reaches_the_network_only_where_its_entry_allows(
+    fresh_hub, root_sandbox, network
+):
+    from chat.mcp import hub, spec_for
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        server = McpServer.objects.create(
+            name=f"net-{int(network)}", command=f"{sys.executable} {SERVER} stdio", network=network
+        )
+        port = listener.getsockname()[1]
+        answer = hub().call(
+            spec_for(server), "connect", {"port": port}, timeout=20, cancel=CancelToken()
+        )
+    finally:
+        listener.close()
+    assert ("connected" == _text(answer)) is network
+
+
+def test_a_command_naming_studios_own_folder_is_refused(fresh_hub, root_sandbox, settings):
+    from chat.mcp import hub, spec_for
+    from chat.tools.mcp import McpUnavailable
+
+    server = McpServer.objects.create(
+        name="nosy", command=f"{sys.executable} {SERVER} stdio {settings.BASE_DIR}"
+    )
+    with pytest.raises(McpUnavailable, match="holds Studio's own files"):
+        hub().call(spec_for(server), "echo", {"text": "x"}, timeout=20, cancel=CancelToken())
+
+
+def _text(result) -> str:
+    return " ".join(getattr(c, "text", "") for c in result.content)

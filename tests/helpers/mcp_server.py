@@ -5,7 +5,9 @@
 
 Tools: ``echo`` (read-only, idempotent), ``remove`` (destructive, open world),
 ``slow`` (sleeps), ``fail`` (an error result), ``picture`` (an image),
-``stats`` (structured content), ``crash`` (the process dies mid-call).
+``stats`` (structured content), ``crash`` (the process dies mid-call),
+``peek`` (reads a file, to show what its sandbox hides) and ``connect`` (opens
+a TCP connection to 127.0.0.1, to show whether it may reach the network).
 """
 
 from __future__ import annotations
@@ -26,14 +28,16 @@ PIXEL = base64.b64decode(
 )
 
 server = MCPServer("test-tools")
+PROCESS = int.from_bytes(os.urandom(4), "big")
 
 
 @server.tool(
     annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 )
 def echo(text: str) -> str:
-    """Return the text, from the server's process."""
-    return f"echo from pid {os.getpid()}: {text}"
+    """Return the text, from the server's process (named by a number of its own:
+    in its sandbox every server is pid 2)."""
+    return f"echo from pid {PROCESS}: {text}"
 
 
 @server.tool(annotations=ToolAnnotations(destructive_hint=True, open_world_hint=True))
@@ -65,6 +69,28 @@ def picture() -> Image:
 def stats(values: list[float]) -> dict[str, float]:
     """Count and sum as structured content."""
     return {"count": len(values), "total": sum(values)}
+
+
+@server.tool()
+def peek(path: str) -> str:
+    """The first bytes of a file, or why they cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f"read: {f.read(64)!r}"
+    except OSError as exc:
+        return f"cannot read: {type(exc).__name__}"
+
+
+@server.tool()
+def connect(port: int) -> str:
+    """Whether a TCP connection to 127.0.0.1:port opens."""
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError as exc:
+        return f"no connection: {type(exc).__name__}"
+    return "connected"
 
 
 @server.tool()
