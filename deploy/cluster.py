@@ -42,9 +42,14 @@ class DaphneProcess:
         log_path: Path | None = None,
         app: str = "studio.asgi:application",
         server: str = "daphne",
+        user: str | None = None,
+        python: str = sys.executable,
     ):
         self.app = app
         self.server = server
+        # Run as this (unprivileged) user, with this interpreter (one it may run).
+        self.user = user
+        self.python = python
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
@@ -64,11 +69,14 @@ class DaphneProcess:
         else:
             argv = ["daphne", "-b", "127.0.0.1", "-p", str(self.port), self.app]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", *argv],
+            [self.python, "-m", *argv],
             cwd=ROOT,
             env=self.env,
             stdout=self._log or subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
+            user=self.user,
+            group=None if self.user is None else _group_of(self.user),
+            extra_groups=None if self.user is None else [],
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -140,3 +148,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _group_of(user: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(user).pw_gid

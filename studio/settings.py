@@ -375,6 +375,16 @@ STUDIO_IMAGE_MAX_MB = env_float("STUDIO_IMAGE_MAX_MB", 5, minimum=0.01)
 STUDIO_SEARXNG_URL = env_str("STUDIO_SEARXNG_URL").rstrip("/")
 # MCP servers: seconds to connect to one before its tools count as unavailable.
 STUDIO_MCP_CONNECT_TIMEOUT = env_float("STUDIO_MCP_CONNECT_TIMEOUT", 10, minimum=0.1)
+# A cgroup v1 subtree (its name under the memory and pids controllers) that a
+# privileged helper made and gave to this process's user, for per-call caps
+# when the web process is not root (deploy/systemd/studio-cgroups.service).
+STUDIO_TOOL_CGROUP = env_str("STUDIO_TOOL_CGROUP")
+if STUDIO_TOOL_CGROUP and not re.fullmatch(
+    r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*", STUDIO_TOOL_CGROUP
+):
+    raise ImproperlyConfigured(
+        f"STUDIO_TOOL_CGROUP must be a cgroup path such as studio-tools, got {STUDIO_TOOL_CGROUP!r}"
+    )
 STUDIO_WORKSPACE_ROOT = Path(
     env_str("STUDIO_WORKSPACE_ROOT", str(BASE_DIR / "workspaces"))
 ).absolute()

@@ -46,8 +46,25 @@ def test_systemd_reads_the_units_without_complaint(tmp_path):
     )  # fmt: skip
     # The one complaint a build machine may make: /srv/studio is not installed here.
     complaints = [
-        line
-        for line in done.stderr.splitlines()
-        if line.strip() and "/srv/studio/.venv/bin/" not in line
+        line for line in done.stderr.splitlines() if line.strip() and "/srv/studio/" not in line
     ]
     assert complaints == []
+
+
+@pytest.mark.parametrize("name", ["studio@.service", "studio-purge.service"])
+def test_studio_itself_never_runs_as_root(name):
+    """Issue 53: the web processes ran as root, for the sandbox's sake. Only the
+    cgroup helper and the metrics folder's oneshot are root, and say why."""
+    service = unit(name)
+    assert service.get("Service", "User") == "studio"
+    assert service.get("Service", "NoNewPrivileges") == "yes"
+    assert "Delegate" not in service["Service"]
+
+
+def test_only_the_small_helpers_are_privileged():
+    rooted = {
+        path.name
+        for path in UNITS.glob("*.service")
+        if unit(path.name).get("Service", "User", fallback="root") == "root"
+    }
+    assert rooted == {"studio-cgroups.service", "studio-metrics-dir.service"}

@@ -210,10 +210,21 @@ class CgroupRoot:
 def cgroup_root() -> CgroupRoot | None:
     """A writable place for per-call memory (and pids) cgroups, or None.
 
+    ``STUDIO_TOOL_CGROUP``: a subtree a small privileged helper prepared and
+    handed to this process's user (``deploy/systemd/studio-cgroups.service``),
+    as the memory and pids controllers' ``<name>`` (cgroup v1). Otherwise,
     cgroup v1: below this process's own memory and pids cgroups. cgroup v2:
     below this process's cgroup when it delegates the memory controller to
     its children (e.g. a systemd unit with ``Delegate=yes``).
     """
+    from django.conf import settings
+
+    if settings.STUDIO_TOOL_CGROUP:
+        memory = _probe_dir(Path("/sys/fs/cgroup/memory") / settings.STUDIO_TOOL_CGROUP, "")
+        if memory is None:
+            return None
+        pids = _probe_dir(Path("/sys/fs/cgroup/pids") / settings.STUDIO_TOOL_CGROUP, "")
+        return CgroupRoot(version=1, memory=memory, pids=pids)
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -246,11 +257,13 @@ def cgroup_root() -> CgroupRoot | None:
     return None
 
 
-def _probe_dir(parent: Path) -> Path | None:
-    """``parent/studio-tools`` if we may create cgroups there."""
-    root = parent / "studio-tools"
+def _probe_dir(parent: Path, name: str = "studio-tools") -> Path | None:
+    """``parent/name`` if we may create cgroups there (``name`` "": ``parent``,
+    which must exist: a helper made it)."""
+    root = parent / name if name else parent
     try:
-        root.mkdir(exist_ok=True)
+        if name:
+            root.mkdir(exist_ok=True)
         probe = root / f"probe-{os.getpid()}"
         probe.mkdir()
         probe.rmdir()

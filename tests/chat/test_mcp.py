@@ -114,7 +114,7 @@ def test_tools_are_listed_with_their_hints_and_remembered_on_the_row(server, con
         assert time.monotonic() < deadline, "the row never learned the tools"
         time.sleep(0.05)
     row = McpServer.objects.get(pk=server.pk)
-    assert row.available is True and len(row.tools) == 7
+    assert row.available is True and len(row.tools) == 9
 
 
 @pytest.mark.parametrize("decision", ["allow", "deny"])
@@ -339,10 +339,10 @@ def test_the_admin_never_shows_secrets_back_and_refreshes_tools(admin_user, fres
         follow=True,
     )
     page = refreshed.content.decode()
-    assert "MCP server tools: 7 tool(s) found." in page, re.findall(
+    assert "MCP server tools: 9 tool(s) found." in page, re.findall(
         r"<li class=\"(?:success|info|error|warning)\">(.*?)</li>", page
     )
-    assert len(McpServer.objects.get(pk=row.pk).tools) == 7
+    assert len(McpServer.objects.get(pk=row.pk).tools) == 9
 
 
 @pytest.mark.django_db

@@ -3,6 +3,8 @@ front of two daphne processes on PostgreSQL and Redis, driven by Chromium."""
 
 from __future__ import annotations
 
+import os
+import pwd
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,8 @@ from tests.helpers.services import cluster_env
 pytestmark = [pytest.mark.services, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 TOKEN = "nginx-test-token"
+# Who the web processes run as: Debian's nobody, as the deployment's studio user would.
+UNPRIVILEGED = "nobody"
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -34,8 +38,53 @@ def static_root(tmp_path) -> Path:
     return root
 
 
-def test_a_gated_call_through_nginx_with_two_processes(
-    redis_server, workspace_root, tmp_path, static_root, settings
+@pytest.fixture
+def unprivileged(workspace_root):
+    """What the production split gives a web process that is not root: its own
+    folders, and a cgroup subtree for per-call caps that a privileged helper
+    made and handed over (deploy/systemd/studio-cgroups.service does that)."""
+    import secrets
+    import shutil
+
+    user = pwd.getpwnam(UNPRIVILEGED)
+    own = workspace_root.parent / f"own-{secrets.token_hex(4)}"
+    folders = {name: own / name for name in ("media", "metrics", "home")}
+    for folder in (own, *folders.values()):
+        folder.mkdir()
+    cgroup = f"studio-test-{secrets.token_hex(4)}"
+    helper = ROOT / "deploy" / "bin" / "studio-cgroups"
+    changed = _let_in(ROOT, user.pw_uid)  # a checkout in a private folder (a CI clone)
+    try:
+        for path in [workspace_root, own, *folders.values()]:
+            os.chown(path, user.pw_uid, user.pw_gid)
+        # The shipped privileged helper, as its unit runs it at boot.
+        subprocess.run([helper, cgroup, UNPRIVILEGED], check=True, capture_output=True)
+        yield {
+            "STUDIO_MEDIA_ROOT": str(folders["media"]),
+            "PROMETHEUS_MULTIPROC_DIR": str(folders["metrics"]),
+            "HOME": str(folders["home"]),
+            "STUDIO_TOOL_CGROUP": cgroup,
+        }
+    finally:
+        for path, mode in changed:
+            path.chmod(mode)
+        subprocess.run([helper, "--remove", cgroup], check=True, capture_output=True)
+        shutil.rmtree(own, ignore_errors=True)
+
+
+def _let_in(path: Path, uid: int) -> list[tuple[Path, int]]:
+    """Let ``uid`` traverse to ``path`` where a parent does not; what was changed."""
+    changed = []
+    for parent in reversed(path.parents):
+        mode = parent.stat().st_mode
+        if not mode & 0o001:
+            changed.append((parent, mode & 0o7777))
+            parent.chmod((mode | 0o001) & 0o7777)
+    return changed
+
+
+def test_a_gated_call_through_nginx_with_two_unprivileged_processes(
+    redis_server, workspace_root, tmp_path, static_root, settings, unprivileged
 ):
     from axes.models import AccessAttempt
     from playwright.sync_api import sync_playwright
@@ -45,12 +94,16 @@ def test_a_gated_call_through_nginx_with_two_processes(
         **cluster_env(redis_server.url, workspace_root),
         "STUDIO_HTTPS": "True",
         "STUDIO_HEALTH_TOKEN": TOKEN,
-        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
+        **unprivileged,
     }
-    (tmp_path / "metrics").mkdir()
     prefix = tmp_path / "nginx"
     prefix.mkdir()
-    with two_servers(tmp_path, **env) as (a, b):
+    with two_servers(tmp_path, user=UNPRIVILEGED, **env) as (a, b):
+        # Issue 53: the web processes run as an unprivileged user, not root.
+        for server in (a, b):
+            status = Path(f"/proc/{server.pid}/status").read_text()
+            uid = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
+            assert int(uid) == pwd.getpwnam(UNPRIVILEGED).pw_uid != 0
         proxy = LocalNginx(prefix, [a.port, b.port], static_root).start()
         try:
             http = httpx.Client(base_url=proxy.url, verify=proxy.ssl, timeout=10)
@@ -109,6 +162,9 @@ def test_a_gated_call_through_nginx_with_two_processes(
                 output(page, "42").wait_for()
                 run_finished(page)
                 browser.close()
+            # The call ran in a per-call cgroup below the subtree it was given.
+            usage = Path("/sys/fs/cgroup/memory", env["STUDIO_TOOL_CGROUP"])
+            assert int((usage / "memory.max_usage_in_bytes").read_text()) > 0
         finally:
             proxy.stop()
     access = proxy.access_log

@@ -9,14 +9,28 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from deploy.cluster import DaphneProcess, free_port
-from tests.helpers.procs import child_env
+from tests.helpers.procs import ROOT, child_env
 
 __all__ = ["LiveServer", "free_port", "two_servers"]
 
 
 class LiveServer(DaphneProcess):
-    def __init__(self, *, log_path: Path, port: int | None = None, **env: str) -> None:
-        super().__init__(env=child_env(**env), port=port, log_path=log_path)
+    def __init__(
+        self, *, log_path: Path, port: int | None = None, user: str | None = None, **env: str
+    ) -> None:
+        if user is None:
+            super().__init__(env=child_env(**env), port=port, log_path=log_path)
+            return
+        # As an unprivileged user: the system's interpreter (the venv's base may
+        # live in root's home) with the venv's packages, and the test's key.
+        from django.conf import settings
+
+        site = next((ROOT / ".venv" / "lib").glob("python3*/site-packages"))
+        env = child_env(DJANGO_SECRET_KEY=settings.SECRET_KEY, **env)
+        env["PYTHONPATH"] = f"{site}:{ROOT}"
+        super().__init__(
+            env=env, port=port, log_path=log_path, user=user, python="/usr/bin/python3"
+        )
 
     def pause(self) -> None:
         """SIGSTOP: frozen as by a long GC pause, swapping or a paused VM."""
@@ -31,11 +45,13 @@ class LiveServer(DaphneProcess):
 
 
 @contextmanager
-def two_servers(log_dir: Path, **env: str) -> Iterator[tuple[LiveServer, LiveServer]]:
+def two_servers(
+    log_dir: Path, *, user: str | None = None, **env: str
+) -> Iterator[tuple[LiveServer, LiveServer]]:
     """Two processes of one cluster (give them the same ``REDIS_URL``), stopped after."""
-    a = LiveServer(log_path=log_dir / "a.log", **env).start()
+    a = LiveServer(log_path=log_dir / "a.log", user=user, **env).start()
     try:
-        b = LiveServer(log_path=log_dir / "b.log", **env).start()
+        b = LiveServer(log_path=log_dir / "b.log", user=user, **env).start()
     except BaseException:
         a.stop()
         raise
