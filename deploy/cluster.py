@@ -67,7 +67,9 @@ class DaphneProcess:
         elif self.server == "gunicorn":  # HTTP under WSGI (Channels' second layout)
             argv = ["gunicorn", "-b", f"127.0.0.1:{self.port}", "--workers", "4", self.app]
         else:
-            argv = ["daphne", "-b", "127.0.0.1", "-p", str(self.port), self.app]
+            # Studio writes its own access lines through logging (studio.logs).
+            argv = ["daphne", "-b", "127.0.0.1", "-p", str(self.port), "--access-log", os.devnull]
+            argv.append(self.app)
         self.proc = subprocess.Popen(
             [self.python, "-m", *argv],
             cwd=ROOT,

@@ -55,8 +55,14 @@ class LocalNginx:
         servers = "".join(f"    server 127.0.0.1:{p} max_fails=0;\n" for p in upstreams)
         site = re.sub(r"(upstream studio \{\n)(?:    server .*\n)+", r"\g<1>" + servers, site)
         certificate = (
-            "# ssl_certificate /etc/ssl/studio.pem; ssl_certificate_key /etc/ssl/studio.key;"
+            "    ssl_certificate /etc/letsencrypt/live/studio.example.com/fullchain.pem;\n"
+            "    ssl_certificate_key /etc/letsencrypt/live/studio.example.com/privkey.pem;\n"
         )
+        assert certificate in site
+        # The plain-HTTP server (the redirect to HTTPS) on a port of its own.
+        self.http_port = free_port()
+        self.http_url = f"http://127.0.0.1:{self.http_port}"
+        site = site.replace("    listen 80;\n", f"    listen 127.0.0.1:{self.http_port};\n")
         if tls:
             subprocess.run(
                 ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
@@ -68,10 +74,13 @@ class LocalNginx:
             site = site.replace("listen 443 ssl;", f"listen 127.0.0.1:{self.port} ssl;")
             site = site.replace(
                 certificate,
-                f"ssl_certificate {prefix / 'cert.pem'}; ssl_certificate_key {prefix / 'key.pem'};",
+                f"    ssl_certificate {prefix / 'cert.pem'};\n"
+                f"    ssl_certificate_key {prefix / 'key.pem'};\n",
             )
         else:
             site = site.replace("listen 443 ssl;", f"listen 127.0.0.1:{self.port};")
+            site = site.replace(certificate, "")
+            site = re.sub(r"    ssl_\w+ [^\n]*;\n", "", site)
         site = site.replace("/srv/studio/staticfiles/", f"{static_root}/")
         if http_upstreams:
             servers = "".join(f"    server 127.0.0.1:{p};\n" for p in http_upstreams)

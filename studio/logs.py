@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 import uuid
 from contextvars import ContextVar
 
@@ -47,12 +48,17 @@ def log_fields() -> dict[str, str]:
 
 
 class ContextFilter(logging.Filter):
-    """Adds FIELDS to every record (empty where they do not exist)."""
+    """Adds FIELDS to every record (empty where they do not exist), and names a
+    request Django attached (``django.request``) by its method and path only:
+    its repr carries the query string, which may hold a token."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         for name, value in log_fields().items():
             if not hasattr(record, name):
                 setattr(record, name, value)
+        request = getattr(record, "request", None)
+        if request is not None and hasattr(request, "path"):
+            record.request = f"{getattr(request, 'method', '')} {request.path}"
         return True
 
 
@@ -65,11 +71,20 @@ class TextFormatter(logging.Formatter):
         return f"{line} [{ids}]" if ids else line
 
 
+access_log = logging.getLogger("studio.access")
+
+
 class RequestIdMiddleware:
     """Gives each request an id (a trusted proxy's X-Request-ID, or a new one)
     as ``request.request_id``, logs under it, and answers with it. (The
     member is named where a view knows it: resolving it here would cost
-    every request a hop to Django's sync thread.)"""
+    every request a hop to Django's sync thread.)
+
+    It also writes the access line, at INFO, through logging: daphne's own
+    access log is plain text on stdout, so the units turn it off and every
+    line of a server's output is the formatter's (JSON with
+    STUDIO_LOG_FORMAT=json). The path only: a query string may hold a token.
+    """
 
     sync_capable = True
     async_capable = True
@@ -83,17 +98,37 @@ class RequestIdMiddleware:
         if iscoroutinefunction(self):
             return self._acall(request)
         request.request_id = request_id = _request_id(request)
+        started = time.monotonic()
         with log_context(request_id=request_id):
             response = self.get_response(request)
+            _access(request, response, started)
         response["X-Request-ID"] = request_id
         return response
 
     async def _acall(self, request):
         request.request_id = request_id = _request_id(request)
+        started = time.monotonic()
         with log_context(request_id=request_id):
             response = await self.get_response(request)
+            _access(request, response, started)
         response["X-Request-ID"] = request_id
         return response
+
+
+def _access(request, response, started: float) -> None:
+    if access_log.isEnabledFor(logging.INFO):
+        access_log.info(
+            "%s %s %s",
+            request.method,
+            request.path,
+            response.status_code,
+            extra={
+                "method": request.method,
+                "path": request.path,
+                "status": response.status_code,
+                "ms": round((time.monotonic() - started) * 1000, 1),
+            },
+        )
 
 
 def _request_id(request) -> str:

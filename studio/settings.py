@@ -292,12 +292,15 @@ LOGGING = {
         "text": {
             "()": "studio.logs.TextFormatter",
             "format": "%(asctime)s %(levelname)s %(name)s: %(message)s",
+            "datefmt": "%Y-%m-%dT%H:%M:%S%z",  # ISO 8601, with the zone
         },
         "json": {
             "()": "pythonjsonlogger.json.JsonFormatter",
-            "format": "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s "
+            "format": "%(levelname)s %(name)s %(message)s %(request_id)s "
             "%(user_id)s %(conversation_id)s %(run_id)s %(approval_id)s",
-            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+            # ISO 8601 in UTC, with the zone and microseconds.
+            "timestamp": "time",
+            "rename_fields": {"levelname": "level", "name": "logger"},
         },
     },
     "handlers": {

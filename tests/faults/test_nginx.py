@@ -107,6 +107,10 @@ def test_a_gated_call_through_nginx_with_two_unprivileged_processes(
         proxy = LocalNginx(prefix, [a.port, b.port], static_root).start()
         try:
             http = httpx.Client(base_url=proxy.url, verify=proxy.ssl, timeout=10)
+            # Plain HTTP sends the browser to HTTPS (and lets ACME's challenge through).
+            plain = httpx.get(f"{proxy.http_url}/c/1/?x=1", headers={"Host": "studio.test"})
+            assert plain.status_code == 301
+            assert plain.headers["Location"] == "https://studio.test/c/1/?x=1"
             # Health and metrics through the proxy.
             assert http.get("/healthz").text == "ok\n"
             auth = {"Authorization": f"Bearer {TOKEN}"}

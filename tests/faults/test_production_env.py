@@ -8,7 +8,7 @@ import pytest
 from tests.helpers.live import LiveServer
 from tests.helpers.procs import ROOT
 
-pytestmark = [pytest.mark.services]
+pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 
 EXAMPLE = ROOT / "deploy" / "studio.env.example"
 # Host paths the example names: a test writes below its own folder instead.
@@ -79,3 +79,36 @@ def test_a_server_from_the_example_shows_no_debug_page(tmp_path):
         for leak in (secret, "Traceback", "DATABASE_URL", "SECRET", "settings", "DEBUG"):
             assert leak not in text, (name, leak)
         assert len(text) < 2000, name  # a plain page, not a report
+
+
+def test_a_servers_whole_output_is_json_lines_with_zoned_times(tmp_path, alice):
+    """Issue 53: daphne's access lines stayed plain text in the JSON stream, and
+    timestamps had no zone."""
+    import json
+    import re
+
+    from tests.helpers.clients import Tab, session_cookie
+    from tests.helpers.live import LiveServer
+
+    server = LiveServer(
+        log_path=tmp_path / "server.log", STUDIO_LOG_FORMAT="json", STUDIO_LOG_LEVEL="INFO"
+    )
+    server.start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=20) as http:
+            http.get("/accounts/login/")
+            http.get("/nope/?token=secret-in-a-query")
+        tab = Tab(server.ws_url, None, session_cookie(alice), origin=server.url, path="/ws/me/")
+        tab.close()
+    finally:
+        server.stop()
+    lines = [line for line in server.log().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every line, or this fails
+    zoned = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(\+00:00|Z)$")
+    assert all(zoned.match(r["time"]) for r in records), records[:3]
+    access = [r for r in records if r["logger"] == "studio.access"]
+    assert {(r["method"], r["path"], r["status"]) for r in access} >= {
+        ("GET", "/accounts/login/", 200),
+        ("GET", "/nope/", 404),
+    }
+    assert "secret-in-a-query" not in server.log()
