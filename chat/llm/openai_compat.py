@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from functools import lru_cache
 
 import openai
 
@@ -26,6 +27,14 @@ MAX_REPLY_CHARS = 64 * 1024
 TRUNCATED = "\n\n[Studio cut this reply: it was longer than {limit:,} characters.]"
 
 
+@lru_cache(maxsize=64)
+def client_for(base_url: str, api_key: str, timeout: float) -> openai.OpenAI:
+    """One client per server, key and timeout per process: building one loads the
+    CA bundle (some 20 ms of CPU, even for http://), and a run step asks for one.
+    Clients are thread-safe; a changed entry (another key, say) gets its own."""
+    return openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
+
+
 class OpenAICompatModel:
     def __init__(
         self, *, base_url: str, model: str, api_key: str, timeout: float, label: str = ""
@@ -34,9 +43,7 @@ class OpenAICompatModel:
         self.label = label or model
         self.base_url = base_url
         self.model = model
-        self.client = openai.OpenAI(
-            base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
-        )
+        self.client = client_for(base_url, api_key or "not-needed", timeout)
 
     def stream(
         self, messages: list[dict], tools: list[dict], *, cancel: CancelToken

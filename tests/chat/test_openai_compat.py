@@ -210,3 +210,17 @@ def test_server_dying_mid_stream_is_an_error(server):
         for chunk in model.stream(MESSAGES, TOOLS, cancel=CancelToken()):
             got.append(chunk)
     assert [c.text for c in got] == ["a", "b"]
+
+
+def test_one_client_per_server_and_key_is_kept_per_process():
+    """Issue 54: a new client on every run step cost 23.5 ms of CPU (its CA bundle)."""
+    from chat.llm.openai_compat import OpenAICompatModel
+
+    def model(**changes):
+        fields = {"base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key": "k", "timeout": 5}
+        return OpenAICompatModel(**{**fields, **changes})
+
+    assert model().client is model().client
+    assert model(model="other").client is model().client  # the model is per request
+    assert model(api_key="new").client is not model().client
+    assert model(base_url="http://127.0.0.1:10/v1").client is not model().client
