@@ -43,6 +43,7 @@ CSV_FIELDS = [
     "reviewed_by",
     "decision_seconds",
     "run_seconds",
+    "run_outcome",
     "fresh_interpreter",
     "interpreter_session",
     "output_size",
@@ -191,7 +192,8 @@ class ToolApprovalAdmin(admin.ModelAdmin):
         "chat",
     ]
     list_filter = [
-        StateFilter, "reason", "needs_review", "fresh_interpreter", "tool_name", "requested_at",
+        StateFilter, "reason", "run_outcome", "needs_review", "fresh_interpreter", "tool_name",
+        "requested_at",
     ]  # fmt: skip
     search_fields = [
         "tool_name",
@@ -212,7 +214,7 @@ class ToolApprovalAdmin(admin.ModelAdmin):
                                      "decided_by", "reviewer", "decided_at", "decision_time",
                                      "decided_ip", "decided_user_agent", "decided_request_id",
                                      "note", "rule"]}),
-        ("What it gave back", {"fields": ["run_time", "interpreter_session",
+        ("What it gave back", {"fields": ["run_outcome", "run_time", "interpreter_session",
                                           "fresh_interpreter", "output_size", "output_sha256",
                                           "output"]}),
         ("In its conversation", {"fields": ["conversation", "context", "run_id",

@@ -150,6 +150,16 @@ class ToolApproval(models.Model):
     # interpreter it ran in (blank: one of its own).
     fresh_interpreter = models.BooleanField(default=False)
     interpreter_session = models.CharField(max_length=32, blank=True)
+
+    class RunOutcome(models.TextChoices):
+        """How an allowed call's run ended: a stop is neither a crash nor a timeout."""
+
+        OK = "ok", "Ran"
+        FAILED = "failed", "Ran and failed"
+        STOPPED = "stopped", "Stopped by the member"
+        INTERRUPTED = "interrupted", "Interrupted (the server stopped)"
+
+    run_outcome = models.CharField(max_length=16, choices=RunOutcome.choices, blank=True)
     # STUDIO_APPROVAL_WEBHOOK_URL: when a process claimed the one POST for this
     # row (a conditional update: one claim across processes), and how it went.
     webhook_at = models.DateTimeField(null=True, blank=True)

@@ -42,6 +42,7 @@ from approvals.services.rules import approval_verdict
 from approvals.services.waiting import (
     approval_cancel_run,
     approval_record_auto,
+    approval_record_interrupted,
     approval_record_output,
     approval_request,
     approval_start,
@@ -491,7 +492,10 @@ class Agent:
             return False
         if not began:
             # Begun before, by a process that stopped before its result was saved.
-            yield self._finish(call, ToolResult.error(INTERRUPTED_TEXT), approval)
+            with self._fenced():
+                approval_record_interrupted(approval=approval)
+                finished = self._finish(call, ToolResult.error(INTERRUPTED_TEXT), approval)
+            yield finished
             return True
         arguments = approval.arguments_to_run
         if approval.was_edited:
@@ -516,9 +520,15 @@ class Agent:
             shown = replace(result, text=f"{EDITED_TEXT}\n{result.text}")
         # The audit's output record and the result message: one commit (on
         # PostgreSQL each commit waits for its WAL flush).
+        Outcome = ToolApproval.RunOutcome
+        outcome = Outcome.STOPPED if result.stopped else Outcome.OK if result.ok else Outcome.FAILED
         with self._fenced():
             approval_record_output(
-                approval=approval, text=result.text, seconds=seconds, session=result.session
+                approval=approval,
+                text=result.text,
+                seconds=seconds,
+                outcome=outcome,
+                session=result.session,
             )
             finished = self._finish(call, shown, approval)
         yield finished
@@ -613,6 +623,7 @@ class Agent:
         self, call: ToolCall, result: ToolResult, approval: ToolApproval | None = None
     ) -> events.ToolFinished:
         message = self._save_result(call, result, approval)
+        stopped_by = message.stopped_by
         return events.ToolFinished(
             message_id=self.turn.pk,
             call=events.CallView(call.id, call.name or "", call.arguments or {}),
@@ -623,6 +634,7 @@ class Agent:
             created_at=message.created_at,
             conversation_id=self.conversation.pk,
             images=result.images,
+            stopped_by=stopped_by,
         )
 
     def _save_result(
@@ -640,6 +652,10 @@ class Agent:
                 tool_name=call.name or "",
                 tool_arguments=call.arguments or {},
                 approval_id=approval.approval_id if approval else "",
+                # Stop is pressed by the conversation's owner, who started the run.
+                stopped_by=(self.user.get_username() if self.user else "member")
+                if result.stopped
+                else "",
             )
         self.transcript.append(tool_message(call.id, message.content))
         return message

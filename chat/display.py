@@ -28,6 +28,7 @@ class MessageView:
     # Replaced by an edit or a regenerate: shown in an earlier version's fold.
     superseded: bool = False
     model_name: str = ""  # assistant turns: the model that wrote it
+    stopped_by: str = ""  # tool results cut short by Stop: who pressed it
 
     @classmethod
     def of(cls, message: Message) -> MessageView:
@@ -41,6 +42,7 @@ class MessageView:
             conversation_id=message.conversation_id,
             superseded=message.superseded_at is not None,
             model_name=message.model_name,
+            stopped_by=message.stopped_by,
         )
 
 

@@ -75,6 +75,7 @@ class ToolFinished:
     created_at: datetime
     conversation_id: int = 0
     images: tuple[dict, ...] = ()
+    stopped_by: str = ""  # cut short by Stop: who pressed it
 
 
 @dataclass(frozen=True, slots=True)

@@ -228,6 +228,8 @@ class Message(models.Model):
     approval_id = models.CharField(max_length=64, blank=True)
     # Tool results: the call did not work (the model reads "Error: ..." in content).
     is_error = models.BooleanField(default=False)
+    # A tool result cut short by Stop: who pressed it (the chat shows it, not the error).
+    stopped_by = models.CharField(max_length=150, blank=True)
     # Tool results: images the call made, shown under its output
     # ([{"name", "size", "mime", "shown"}], names relative to the workspace).
     attachments = models.JSONField(default=list, blank=True)

@@ -65,6 +65,7 @@ def tool_finished(event: events.ToolFinished) -> str:
         is_error=not event.ok,
         attachments=list(event.images),
         conversation_id=event.conversation_id,
+        stopped_by=event.stopped_by,
     )
     if event.approval_id:
         # The card is on the page already: only the output below it changes.

@@ -132,13 +132,15 @@ def _rule_fields(verdict: Verdict | None) -> dict:
 
 
 def approval_record_output(
-    *, approval: ToolApproval, text: str, seconds: float, session: str = ""
+    *, approval: ToolApproval, text: str, seconds: float, outcome: str, session: str = ""
 ) -> None:
     """Keep what the tool gave back: its first OUTPUT_SUMMARY_BYTES, size and SHA-256,
-    and the kept interpreter it ran in (``session``; blank: one of its own)."""
+    how its run ended (``outcome``) and the kept interpreter it ran in
+    (``session``; blank: one of its own)."""
     data = text.encode("utf-8", "replace")
     summary = data[:OUTPUT_SUMMARY_BYTES].decode("utf-8", "ignore")
     ToolApproval.objects.filter(pk=approval.pk).update(
+        run_outcome=outcome,
         interpreter_session=session,
         run_seconds=seconds,
         output_summary=strip_nul(summary),
@@ -187,6 +189,13 @@ def approval_cancel_run(*, run_id: str) -> int:
         pending=ToolApproval.objects.filter(run_id=run_id), reason=Reason.CANCELLED
     )
     return len(ended)
+
+
+def approval_record_interrupted(*, approval: ToolApproval) -> None:
+    """A call begun before by a process that stopped before saving its result."""
+    ToolApproval.objects.filter(pk=approval.pk, run_outcome="").update(
+        run_outcome=ToolApproval.RunOutcome.INTERRUPTED
+    )
 
 
 def approval_start(*, approval: ToolApproval) -> bool:

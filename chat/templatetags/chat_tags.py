@@ -89,6 +89,12 @@ def first_line(text: str) -> str:
 
 
 @register.filter
+def after_first_line(text: str) -> str:
+    """The rest of a result whose first line is for the model (a stop's)."""
+    return (text or "").split("\n", 1)[1].strip("\n") if "\n" in (text or "") else ""
+
+
+@register.filter
 def line_count(text: str) -> int:
     return (text or "").count("\n") + 1
 

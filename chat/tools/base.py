@@ -28,6 +28,8 @@ class ToolResult:
     images: tuple[dict, ...] = ()
     # The kept interpreter the call ran in (a chat's python session), for the audit.
     session: str = ""
+    # Cut short by Stop (its text says so to the model; the chat says who).
+    stopped: bool = False
 
     @classmethod
     def error(cls, message: str) -> ToolResult:

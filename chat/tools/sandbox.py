@@ -52,7 +52,7 @@ import tempfile
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import IO
@@ -148,7 +148,7 @@ class SandboxResult:
             return ToolResult(text if text.strip() else "(no output)")
         if failure:
             SANDBOX_FAILURES.labels(failure).inc()
-        return ToolResult.error(f"{problem}\n{text}".rstrip())
+        return replace(ToolResult.error(f"{problem}\n{text}".rstrip()), stopped=self.cancelled)
 
 
 # What programs print when a name does not resolve or nothing answers: in the
@@ -367,6 +367,11 @@ def clean_env(workspace: Path) -> dict[str, str]:
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONUNBUFFERED": "1",
         "MPLBACKEND": "Agg",
+        # Caches in the call's own tmpfs mounts, never the member's workspace (where
+        # they cluttered the files and warned with the host's path); the font
+        # lists come warmed (``font_caches``).
+        "MPLCONFIGDIR": MPL_DIR,
+        "XDG_CACHE_HOME": "/tmp/.cache",
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null",
         "GIT_CONFIG_COUNT": str(len(GIT_PINNED)),
@@ -487,6 +492,49 @@ def _interpreter_binds(argv: list[str]) -> list[str]:
     return ["--ro-bind", str(prefix), str(prefix)]
 
 
+# Where matplotlib keeps its config and font list in a call: a small tmpfs of
+# the call's own, apart from its /tmp (which the call finds empty).
+MPL_DIR = "/run/matplotlib"
+
+
+@cache
+def font_caches() -> list[str]:
+    """bubblewrap's arguments that show a call the system's fontconfig cache and
+    a matplotlib font list built once, so a plot neither rebuilds them (seconds)
+    nor prints fontconfig's and matplotlib's complaints about where to write.
+
+    The font list is built by the tools' interpreter on the host (Debian's
+    matplotlib over the same read-only fonts the calls see), once per host,
+    kept beside the workspaces; none when that interpreter has no matplotlib.
+    """
+    from django.conf import settings
+
+    from chat.tools.python import sandbox_python
+
+    found: list[str] = ["--ro-bind-try", "/var/cache/fontconfig", "/var/cache/fontconfig"]
+    found += ["--size", str(8 * MB), "--perms", "1777", "--tmpfs", MPL_DIR]
+    folder = settings.STUDIO_WORKSPACE_ROOT.parent / "tool-cache" / "matplotlib"
+    lists = sorted(folder.glob("fontlist-v*.json"))
+    if not lists:
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            subprocess.run(
+                [sandbox_python(), "-I", "-c", "import matplotlib.font_manager"],
+                env={"PATH": "/usr/bin:/bin", "MPLCONFIGDIR": str(folder), "HOME": str(folder)},
+                capture_output=True,
+                timeout=120,
+                check=True,
+            )
+        except (OSError, subprocess.SubprocessError):
+            logger.info("no matplotlib font list for the tools: plots build their own")
+        lists = sorted(folder.glob("fontlist-v*.json"))
+    if lists:
+        folder.chmod(0o755)
+        lists[-1].chmod(0o644)
+        found += ["--ro-bind", str(lists[-1]), f"{MPL_DIR}/{lists[-1].name}"]
+    return found
+
+
 # Each call gets its own, empty and size-capped. A workspace (or interpreter)
 # below one of them would show its path there: keep them elsewhere.
 PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -576,6 +624,7 @@ def bwrap_argv(
     command += ["--proc", "/proc", "--dev", "/dev"]
     for tmp in PRIVATE_DIRS:
         command += ["--size", str(limits.tmp_bytes), "--perms", "1777", "--tmpfs", tmp]
+    command += font_caches()
     # The workspace's parents exist in the sandbox only as the way to it:
     # traversable, as on the host, so programs that resolve their folder's
     # real path (git) work as the tool's uid.
@@ -752,7 +801,7 @@ def tool_result(ran: SandboxResult, *, workspace: Path, before: dict, timeout: f
         if kept is not None:
             files += (kept,)
             text += f"\n[The whole output is in the workspace as {kept['name']}.]"
-    return ToolResult(text, ok=result.ok, images=files)
+    return ToolResult(text, ok=result.ok, images=files, stopped=result.stopped)
 
 
 def keep_whole_output(workspace: Path, whole: IO[bytes]) -> dict | None:

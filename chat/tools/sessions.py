@@ -184,7 +184,9 @@ class Sessions:
         if ended:
             self.end(workspace, session)
         text = result.text + (FRESH_TEXT if fresh else "") + (ENDED_TEXT if ended else "")
-        return ToolResult(text, ok=result.ok, images=result.images, session=session.id)
+        return ToolResult(
+            text, ok=result.ok, images=result.images, session=session.id, stopped=result.stopped
+        )
 
     def _start(self, workspace: Path, argv: list[str]) -> Session:
         limits = default_limits()
@@ -250,6 +252,9 @@ class Sessions:
         timed_out, cancelled, over_quota = watch(
             session.proc, timeout=timeout, cancel=cancel, quota=quota, ended=session.ended
         )
+        # Stop also ends the session (from another thread): it may have killed the
+        # interpreter before the watch saw the cancel, and that is still a stop.
+        cancelled = cancelled or (cancel.is_set() and session.status is None)
         # No end-of-call line: the interpreter died (a limit, a crash, os._exit).
         ended = timed_out or cancelled or over_quota or session.status is None
         cgroup = session.prepared.cgroup

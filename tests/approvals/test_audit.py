@@ -67,7 +67,7 @@ def test_the_proxys_word_counts_only_when_trusted(conversation, alice, settings,
 def test_the_summary_is_the_first_64_kb_and_size_and_hash_cover_everything(conversation):
     row = make_approval(conversation)
     text = "é" * 40000 + "end"  # 80,003 bytes: the cut falls inside no character
-    approval_record_output(approval=row, text=text, seconds=1.5)
+    approval_record_output(approval=row, text=text, seconds=1.5, outcome="ok")
     row.refresh_from_db()
     data = text.encode()
     assert (row.output_size, row.output_sha256) == (len(data), hashlib.sha256(data).hexdigest())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django.db import connection
 
@@ -452,3 +454,40 @@ def test_a_reply_and_a_tool_run_hold_no_pooled_connection(conversation, alice):
     kept = connection.vendor == "sqlite"
     assert held == {"reply 0": kept, "tool": kept, "reply 1": kept}
     assert last_tool_message(conversation).content == "probed"  # written after, all the same
+
+
+@pytest.mark.parametrize("sessions", [True, False])
+def test_a_stopped_call_says_who_stopped_it_and_keeps_what_it_printed(
+    conversation, alice, settings, root_sandbox, sessions
+):
+    """Issue 55: after Stop the card said Allowed, the output "exited with signal
+    SIGKILL", and the audit row allowed / user, as for a crash."""
+    from chat import render
+    from chat.events import ToolFinished as Finished
+
+    settings.STUDIO_PYTHON_SESSIONS = sessions
+    conversation.confirm_tool_calls = False
+    conversation.save()
+    code = (
+        "import time\nprint('got to step 1', flush=True)\n"
+        "open('printed', 'w').close()\ntime.sleep(60)"
+    )
+    driver = start(conversation, ScriptedModel([("", [call("python", {"code": code})])]))
+    workspace = conversation.workspace
+    deadline = time.monotonic() + 20
+    while not (workspace / "printed").exists():  # it printed, and sleeps
+        assert time.monotonic() < deadline, "the call never got to step 1"
+        time.sleep(0.02)
+    driver.agent.cancel.cancel()
+    if sessions:  # Stop ends the session too, from another thread, as run_stop does
+        from chat.services import python_sessions_reset
+
+        python_sessions_reset(conversation_id=conversation.pk)
+    finished = driver.wait_for(Finished)
+    driver.finish()
+    assert finished.stopped_by == alice.get_username() and not finished.ok, finished.result
+    row = ToolApproval.objects.get(conversation=conversation)
+    assert (row.status, row.run_outcome) == ("allowed", "stopped")
+    shown = render.tool_finished(finished)
+    assert f"Stopped by {alice.get_username()}" in shown and "got to step 1" in shown
+    assert "stopped by the user" not in shown and "SIGKILL" not in shown

@@ -58,6 +58,27 @@ def test_matplotlib_show_saves_the_figures(settings, conversation):
     assert all(image["mime"] == "image/png" and image["size"] > 1000 for image in result.images)
 
 
+@pytest.mark.parametrize("sessions", [True, False])
+def test_a_plot_prints_only_what_its_code_prints(settings, conversation, sessions):
+    """Issue 55: every plot began with ~9 lines of matplotlib's and fontconfig's
+    complaints about where to write, with the host's workspace path."""
+    settings.STUDIO_PYTHON_SESSIONS = sessions
+    code = (
+        "import matplotlib.pyplot as plt, matplotlib.font_manager as fm\n"
+        "plt.plot([1, 2, 3]); plt.title('x')\n"
+        "plt.savefig('plot.png'); plt.close('all')\n"
+        "print('plotted', len(fm.fontManager.ttflist) > 0)"
+    )
+    workspace = workspace_of(settings, conversation)
+    for _ in range(2):  # the font list is built once, not per call
+        result = python(code, workspace)
+        assert result.ok, result.text
+        assert result.text.split("\n\n")[0] == "plotted True", result.text
+    assert not (workspace / ".config").exists() and not (workspace / ".cache").exists()
+    cache = settings.STUDIO_WORKSPACE_ROOT.parent / "tool-cache" / "matplotlib"
+    assert list(cache.glob("fontlist-v*.json"))
+
+
 def test_a_large_image_is_listed_not_shown(settings, conversation):
     settings.STUDIO_IMAGE_MAX_MB = 0.001  # ~1 KB
     result = python(
