@@ -30,7 +30,7 @@ from studio.sessions import session_digest
 
 logger = logging.getLogger(__name__)
 
-TITLE_LENGTH = 60
+TITLE_LENGTH = 48
 TITLE_MAX = 200
 # Sidebar search: at most this many words, each matched as a word's start.
 SEARCH_WORDS = 8
@@ -404,8 +404,15 @@ def conversation_retryable(conversation_id: int) -> bool:
 
 
 def _title_from(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1] + "…"
+    """A short, readable name from a first message: its first line of words
+    (not a code fence's marker, nor markdown's marks), cut at a word."""
+    lines = (line.strip() for line in text.splitlines())
+    words = next((line for line in lines if line and not line.startswith("```")), "")
+    line = " ".join(words.replace("`", "").lstrip("#>*- ").split())
+    if len(line) <= TITLE_LENGTH:
+        return line or "New chat"
+    cut = line[: TITLE_LENGTH - 1].rsplit(" ", 1)[0]
+    return (cut if len(cut) > TITLE_LENGTH // 2 else line[: TITLE_LENGTH - 1]) + "…"
 
 
 @dataclass(frozen=True)

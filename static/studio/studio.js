@@ -201,12 +201,19 @@
     stickToBottom();
   });
 
+  // The view follows the conversation's end (the last message, a waiting
+  // card's controls, a result) unless the member scrolled up to read. Its
+  // end is the chat column's, above the pinned message box: never the page's,
+  // which on a new chat is the bottom of the settings and files beside it.
   var transcriptNearBottom = true;
+  function chatEnd() { return $("chat-end"); }
   document.addEventListener("scroll", function () {
-    transcriptNearBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 160;
+    var end = chatEnd();
+    if (end) transcriptNearBottom = end.getBoundingClientRect().bottom <= window.innerHeight + 160;
   }, { passive: true });
   function stickToBottom() {
-    if (transcriptNearBottom) window.scrollTo(0, document.body.scrollHeight);
+    var end = chatEnd();
+    if (transcriptNearBottom && end) end.scrollIntoView({ block: "end" });
   }
 
   // A decision that could not be sent: say so (with the server's reason for
@@ -437,10 +444,38 @@
     }
   });
 
-  function afterLiveUpdate() { syncTitle(); tidyInbox(); notifyNewCard(); }
+  // The chat's title, as the server renames it (its first message names it),
+  // follows in the sidebar's entry and the window's title.
+  function syncChatTitle() {
+    var h1 = $("conversation-title");
+    var layout = document.querySelector(".chat-layout[data-conversation]");
+    if (!h1 || !layout) return;
+    var title = h1.textContent;
+    var entry = document.querySelector('#conversation-list li[data-conversation="' +
+      layout.dataset.conversation + '"] .conversation-title');
+    if (entry && entry.textContent !== title) entry.textContent = title;
+    var suffix = " · Studio";
+    var count = (document.title.match(/^\(\d+\) /) || [""])[0];
+    if (document.title !== count + title + suffix) document.title = count + title + suffix;
+  }
+
+  function afterLiveUpdate() { syncChatTitle(); syncTitle(); tidyInbox(); notifyNewCard(); }
   document.addEventListener("htmx:wsAfterMessage", afterLiveUpdate);
   document.addEventListener("htmx:afterSettle", afterLiveUpdate);
   document.addEventListener("DOMContentLoaded", function () { syncTitle(); tidyInbox(); });
 
-  document.addEventListener("DOMContentLoaded", function () { window.scrollTo(0, document.body.scrollHeight); });
+  document.addEventListener("DOMContentLoaded", function () {
+    var end = chatEnd();
+    if (!end) return;
+    // The message box in view at every width: the conversation's end, not the page's.
+    end.scrollIntoView({ block: "end" });
+    // And the cursor in it, where a keyboard is (on a touch screen, focus would
+    // open the on-screen keyboard over the chat).
+    var input = $("message-input");
+    if (input && !window.matchMedia("(hover: none)").matches) input.focus({ preventScroll: true });
+  });
+  // A decision swaps its card in place: its result follows, as new messages do.
+  document.addEventListener("htmx:afterSettle", function (evt) {
+    if (evt.detail.elt && evt.detail.elt.closest && evt.detail.elt.closest("#transcript")) stickToBottom();
+  });
 })();

@@ -31,3 +31,23 @@ def test_run_finish_keeps_an_end_recorded_already(conversation):
         "server gone",
         first.finished_at,
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "title"),
+    [
+        ("```python\nimport matplotlib.pyplot as plt\n```", "import matplotlib.pyplot as plt"),
+        ("# Plot the **sales**\nplease", "Plot the **sales**"),
+        ("What does `ls -la` show?", "What does ls -la show?"),
+        (
+            "Please summarise the quarterly report and list the three largest risks in it",
+            "Please summarise the quarterly report and list…",
+        ),
+        ("```\n```", "New chat"),
+    ],
+)
+def test_a_first_message_names_its_chat_shortly(text, title):
+    """Issue 55: titles were the raw first message ("```python import matplotlib…")."""
+    from chat.services import TITLE_LENGTH, _title_from
+
+    assert _title_from(text) == title and len(title) <= TITLE_LENGTH

@@ -1,0 +1,81 @@
+"""Issue 55, the first minute, in Chromium at 390, 1024 and 1280 px wide (800 high):
+a new chat opens on its message box with the cursor in it, the sidebar follows
+its title, and a waiting card is never under the pinned message box."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.browser.ui import ask, card_for, login, new_chat, run_finished
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # ORM checks beside Playwright's loop
+
+WIDTHS = [390, 1024, 1280]
+HEIGHT = 800
+
+
+def in_view(page, selector: str) -> bool:
+    box = page.locator(selector).bounding_box()
+    return box is not None and box["y"] >= 0 and box["y"] + box["height"] <= HEIGHT
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_new_chat_opens_on_its_message_box(sized, studio_server, member, width):
+    page = sized
+    page.set_viewport_size({"width": width, "height": HEIGHT})
+    login(page, studio_server)
+    new_chat(page)
+    # The settings and files beside (or below) a new chat are taller than it:
+    # the page used to open scrolled to their bottom, past the message box.
+    assert in_view(page, "#message-input"), page.evaluate("window.scrollY")
+    assert in_view(page, "#conversation-title")
+    assert page.evaluate("document.activeElement.id") == "message-input"
+    # A skip link is the first stop for a keyboard, and leads to the box.
+    first = page.evaluate(
+        "(() => { const e = document.querySelector('a[href], button, input:not([type=hidden]),"
+        " textarea, select, summary'); return [e.className, e.textContent]; })()"
+    )
+    assert first == ["skip-link", "Skip to the message box"]
+    page.focus(".skip-link")
+    assert page.locator(".skip-link").is_visible()  # shown when it has the focus
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "message-input"
+
+    # The first message names the chat, and the sidebar follows without a reload.
+    ask(page, "```python\nprint(6 * 7)\n```")
+    # (On a phone the sidebar is a closed drawer: its entry is there, hidden.)
+    page.wait_for_function(
+        "document.querySelector('#conversation-list li.current .conversation-title')"
+        ".textContent === 'print(6 * 7)'"
+    )
+    assert page.locator("#conversation-title").inner_text() == "print(6 * 7)"
+    assert page.title().startswith("print(6 * 7) · Studio")
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_a_waiting_card_is_never_under_the_message_box(sized, studio_server, member, width):
+    page = sized
+    page.set_viewport_size({"width": width, "height": HEIGHT})
+    login(page, studio_server)
+    new_chat(page)
+    for n in range(3):  # a chat long enough to scroll
+        ask(page, f"Tell me about step {n}, at some length please.")
+        run_finished(page)
+    card = card_for(page, "run python: print(6 * 7)")
+    edit = card.locator("summary", has_text="Edit")
+    edit.wait_for()
+    composer_top = page.locator(".composer-row").bounding_box()["y"]
+    for control in (card.locator("summary", has_text="Always allow"), edit):
+        box = control.bounding_box()
+        assert box["y"] + box["height"] <= composer_top + 1, (box, composer_top)
+    card.locator("button[value=allow]").click()
+    result = page.locator(".tool-result pre", has_text="42")
+    result.wait_for()
+    run_finished(page)
+    # The result follows into view, as new messages do.
+    box = result.bounding_box()
+    assert box["y"] + box["height"] <= page.locator(".composer-row").bounding_box()["y"] + 1
