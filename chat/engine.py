@@ -38,6 +38,7 @@ from chat.agent import Agent
 from chat.display import MessageView
 from chat.llm import get_model
 from chat.models import Conversation, Message, Run
+from chat.runs.local import LocalRun, local_runs
 from chat.services import (
     Fenced,
     ForkRefused,
@@ -61,7 +62,7 @@ from chat.services import (
 from chat.toolbox import toolbox_for
 from chat.tools.sessions import SESSIONS
 from studio.logs import log_context
-from studio.runtime import LocalRun, Runtime, release_connection, runtime, shared_channel
+from studio.runtime import Runtime, release_connection, runtime, shared_channel
 
 logger = logging.getLogger(__name__)
 
@@ -192,13 +193,11 @@ def run_wake(run_ids) -> None:
             message = {"type": "runs.resume", "run_ids": ids, "prefer": prefer}
             rt.outbox.channel(shared_channel(), message)
         return
+    table = local_runs(rt)
     for run_id in run_ids:
         run_id = str(run_id)
-        with rt.lock:
-            if run_id in rt.queued:
-                continue  # its step has not started yet, and will read the rows as they are
-            rt.queued.add(run_id)
-        rt.agent_pool.submit(_drive, rt, run_id)
+        if table.queue(run_id):
+            rt.agent_pool.submit(_drive, rt, run_id)
 
 
 def on_calls_settled(sender, *, run_ids, **kwargs) -> None:
@@ -212,7 +211,7 @@ def run_stop(*, conversation_id: int, user) -> bool:
     if run is None:
         return False
     rt = runtime()
-    local = rt.local_runs().get(str(run.pk))
+    local = local_runs(rt).get(str(run.pk))
     if local is not None:
         local.cancel.cancel()
     elif run.owner and run.owner != rt.inbox.name:
@@ -240,7 +239,7 @@ def resume_from_message(message: dict) -> None:
 
 def cancel_from_message(message: dict) -> None:
     """Inbox handler for ``run.cancel`` sent by the process where Stop was pressed."""
-    local = runtime().local_runs().get(str(message.get("run_id", "")))
+    local = local_runs().get(str(message.get("run_id", "")))
     if local is not None:
         local.cancel.cancel()
 
@@ -250,8 +249,7 @@ def cancel_from_message(message: dict) -> None:
 
 def _drive(rt: Runtime, run_id: str, *, launched: tuple | None = None) -> None:
     """(An agent-pool thread.) Claim the run, step it until it waits or ends, let it go."""
-    with rt.lock:
-        rt.queued.discard(run_id)
+    local_runs(rt).unqueue(run_id)
     close_old_connections()
     owner = rt.inbox.name
     try:
@@ -296,16 +294,13 @@ def _step_until_it_waits(
         local = LocalRun(run_id=run_id, conversation_id=run.conversation_id, claim=run.claim)
         if run.stop_requested:
             local.cancel.cancel()
-        with rt.lock:
-            rt.runs[run_id] = local
-            rt.stepped_any = True
+        local_runs(rt).begin(local)
         try:
             waiting_on = Stepper(
                 local, run, first=first, resumed=resumed, announce=announce, redraw=redraw
             ).step()
         finally:
-            with rt.lock:
-                rt.runs.pop(run_id, None)
+            local_runs(rt).end(run_id)
         if waiting_on is None or not run_release(
             run_id=run_id, owner=owner, waiting_on=waiting_on, claim=run.claim
         ):
@@ -568,7 +563,7 @@ def heartbeat_once(rt: Runtime) -> None:
     """Mark this process's working runs alive; end the steps of runs another claim
     took over (this process paused past STUDIO_RUN_STALE_SECONDS), stop the
     runs Stop was pressed for."""
-    local = rt.local_runs()
+    local = local_runs(rt).all()
     beat = run_heartbeat(
         owner=rt.inbox.name, claims={run_id: run.claim for run_id, run in local.items()}
     )
@@ -607,7 +602,8 @@ def wind_down(rt: Runtime) -> None:
     deadline = time.monotonic() + grace
     beat = 0.0
     owner = rt.inbox.name
-    while rt.local_runs() and time.monotonic() < deadline:
+    table = local_runs(rt)
+    while table.all() and time.monotonic() < deadline:
         if time.monotonic() - beat >= 1.0:
             beat = time.monotonic()
             try:
@@ -615,8 +611,8 @@ def wind_down(rt: Runtime) -> None:
             except Exception:
                 logger.warning("run heartbeat failed while winding down", exc_info=True)
         time.sleep(0.05)
-    left = rt.local_runs()
-    if owner and rt.stepped_any:
+    left = table.all()
+    if owner and table.stepped_any:
         try:
             runs_forget_process(owner=owner)
         except Exception:

@@ -32,19 +32,21 @@ from studio.runtime import Runtime, runtime
 logger = logging.getLogger(__name__)
 
 
+HUB = "chat.mcp"  # its name among the runtime's parts
+
+
 def hub() -> McpHub:
     """This process's MCP hub (made on first use; closed when the process stops)."""
-    rt = runtime()
-    with rt.lock:
-        if rt.mcp is None:
-            rt.mcp = McpHub(on_report=_record, connect_timeout=settings.STUDIO_MCP_CONNECT_TIMEOUT)
-    return rt.mcp
+    return runtime().part(
+        HUB, lambda: McpHub(on_report=_record, connect_timeout=settings.STUDIO_MCP_CONNECT_TIMEOUT)
+    )
 
 
 def close_hub(rt: Runtime) -> None:
     """As the process exits: close every MCP session of this process."""
-    if rt.mcp is not None:
-        rt.mcp.close()
+    made = rt.part_made(HUB)
+    if made is not None:
+        made.close()
 
 
 def _record(report: Report) -> None:

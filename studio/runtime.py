@@ -1,8 +1,9 @@
 """Process-wide state in one typed object, made once when the process starts.
 
 ``runtime()`` returns the process's ``Runtime``: the worker pools, the
-channel-layer outbox and inbox, and the table of runs this process is
-stepping now (a run waiting for a decision is only rows). Its asyncio parts
+channel-layer outbox and inbox, the process's lifecycle, and the parts apps
+keep per process (``part``: chat's table of runs stepped here, its MCP
+sessions), which the runtime holds by name and never looks into. Its asyncio parts
 start on the server's event loop the first time a request or socket arrives
 (``await runtime().start()``); nothing here is created at import time or
 sized from settings read at import.
@@ -10,7 +11,7 @@ sized from settings read at import.
 Apps plug their behaviour in at start-up (``AppConfig.ready``): approvals
 its webhook; chat the inbox's ``run.cancel`` handler, the heartbeat, the
 sweep that resumes runs, and what happens as the process exits. So this
-module imports neither app's services.
+module imports nothing of either app, for type hints neither.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 from asgiref.sync import sync_to_async
 from channels.exceptions import ChannelFull
@@ -34,12 +34,8 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection
 
-from studio.cancel import CancelToken
-
-if TYPE_CHECKING:
-    from chat.tools.mcp import McpHub
-
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class DaemonPool(Executor):
@@ -431,17 +427,6 @@ async def _cancel(tasks: list[asyncio.Task], timeout: float = 2.0) -> None:
             await asyncio.wait(tasks, timeout=timeout)
 
 
-@dataclass(eq=False)
-class LocalRun:
-    """A run this process is stepping now: its cancel token (Stop reaches it here)."""
-
-    run_id: str
-    conversation_id: int
-    # The claim number this step holds the run with (``chat.models.Run.claim``).
-    claim: int = 0
-    cancel: CancelToken = field(default_factory=CancelToken)
-
-
 class Runtime:
     """Everything this process keeps between requests (see the module docstring)."""
 
@@ -455,12 +440,8 @@ class Runtime:
         self.inbox = Inbox()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.lock = threading.Lock()
-        # Runs this process is stepping now, and runs queued to be claimed here.
-        self.runs: dict[str, LocalRun] = {}
-        self.queued: set[str] = set()
-        # Some run was stepped here: its row may name this process as the one
-        # that stepped it last (chat clears that as the process exits).
-        self.stepped_any = False
+        # What the apps keep per process, by name (``part``).
+        self._parts: dict[str, object] = {}
         # The process is exiting: it takes no new work.
         self.stopping = False
         # Loop-bound services the apps add (chat's heartbeat and sweep), and
@@ -470,8 +451,6 @@ class Runtime:
         self._tasks: list[asyncio.Task] = []
         self._ready: asyncio.Event | None = None
         self._exit_registered = False
-        # This process's MCP sessions (chat.mcp makes it on first use).
-        self.mcp: McpHub | None = None
 
     # -- the event loop ------------------------------------------------------------------
 
@@ -533,11 +512,25 @@ class Runtime:
 
         return await sync_to_async(call, thread_sensitive=False, executor=pool or self.io_pool)()
 
-    # -- runs stepped here -----------------------------------------------------------------
+    # -- what the apps keep --------------------------------------------------------------
 
-    def local_runs(self) -> dict[str, LocalRun]:
+    def part(self, name: str, make: Callable[[], T]) -> T:
+        """The app's part called ``name`` in this process, made by ``make`` on first
+        use. Its module owns it; a fresh runtime (a test's) starts without it."""
         with self.lock:
-            return dict(self.runs)
+            if name not in self._parts:
+                self._parts[name] = make()
+            return self._parts[name]  # type: ignore[return-value]
+
+    def part_made(self, name: str) -> object | None:
+        """The part if it was made (what exits or closes it asks), else None."""
+        with self.lock:
+            return self._parts.get(name)
+
+    def part_drop(self, name: str) -> object | None:
+        """Forget the part (tests: a clean one next time); returns what it was."""
+        with self.lock:
+            return self._parts.pop(name, None)
 
 
 _RUNTIME: Runtime | None = None

@@ -13,6 +13,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
+from chat.runs.local import local_runs
 from studio.runtime import replace_runtime, restore_runtime, runtime
 from tests.factories import make_conversation, make_user
 from tests.helpers.runtimes import cancel_local_runs
@@ -180,4 +181,4 @@ async def rt(settings):
     await cancel_local_runs(fresh)
     await fresh.stop()
     restore_runtime(old)
-    assert not fresh.local_runs(), "a run outlived its test"
+    assert not local_runs(fresh).all(), "a run outlived its test"

@@ -1,6 +1,8 @@
 """The house's import rules, checked on the source (every import, also inside functions).
 
 * ``approvals`` imports nothing from ``chat``;
+* ``studio`` imports no app, not even for type hints (its wiring aside:
+  settings, URLs and the ASGI application);
 * no import cycle between Studio's modules;
 * ``chat.llm`` and ``chat.tools`` are pure clients and executors: they import
   neither ``approvals`` nor the ORM (``django.db``).
@@ -20,11 +22,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> set[str]:
-    """Modules ``path`` imports anywhere, except under ``if TYPE_CHECKING:``."""
+def imports_of(path: Path, *, type_checking: bool = False) -> set[str]:
+    """Modules ``path`` imports anywhere, and under ``if TYPE_CHECKING:`` only
+    when ``type_checking``."""
     tree = ast.parse(path.read_text(), filename=str(path))
     skipped: set[int] = set()
     for node in ast.walk(tree):
+        if type_checking:
+            break
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             skipped.update(id(n) for n in ast.walk(node))
     found = set()
@@ -64,6 +69,19 @@ def test_approvals_imports_nothing_from_chat():
         (m, t) for m, ts in graph().items() if m.startswith("approvals") for t in ts
         if t.startswith("chat")
     }  # fmt: skip
+    assert offenders == set()
+
+
+def test_studio_imports_no_app_even_for_type_hints():
+    """Issue 54: studio.runtime held chat's run table and, for its type, chat's MCP hub."""
+    wiring = {"studio/settings.py", "studio/urls.py", "studio/asgi.py"}
+    offenders = set()
+    for path in (ROOT / "studio").rglob("*.py"):
+        if str(path.relative_to(ROOT)) in wiring:
+            continue
+        for imported in imports_of(path, type_checking=True):
+            if imported.split(".")[0] in ("chat", "approvals"):
+                offenders.add((module_name(path), imported))
     assert offenders == set()
 
 

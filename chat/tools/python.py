@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 from django.conf import settings
 
 from chat.tools.base import Tool, ToolResult
-from chat.tools.sandbox import run_tool
+from chat.tools.sandbox import run_tool, sandbox_python
 from chat.tools.sessions import SESSIONS
 from studio.cancel import CancelToken
 
@@ -111,21 +109,6 @@ sys.argv = [""]
 _studio_serve()
 """
 )
-
-
-def sandbox_python() -> str:
-    """The interpreter of the ``python`` tool (STUDIO_SANDBOX_PYTHON).
-
-    The system's by default: the sandbox shows it read-only at its own path,
-    and it is readable by the tool's uid (the server's own interpreter may
-    live in a private home such as /root/.pyenv).
-    """
-    configured = os.environ.get("STUDIO_SANDBOX_PYTHON")
-    if configured:
-        return configured
-    if os.access("/usr/bin/python3", os.X_OK):
-        return "/usr/bin/python3"
-    return sys.executable
 
 
 def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> ToolResult:

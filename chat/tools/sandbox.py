@@ -48,6 +48,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -179,6 +180,21 @@ def _describe_exit(code: int) -> str:
 
 
 # --- what this machine offers ----------------------------------------------------------
+
+
+def sandbox_python() -> str:
+    """The interpreter of the ``python`` tool (STUDIO_SANDBOX_PYTHON).
+
+    The system's by default: the sandbox shows it read-only at its own path,
+    and it is readable by the tool's uid (the server's own interpreter may
+    live in a private home such as /root/.pyenv).
+    """
+    configured = os.environ.get("STUDIO_SANDBOX_PYTHON")
+    if configured:
+        return configured
+    if os.access("/usr/bin/python3", os.X_OK):
+        return "/usr/bin/python3"
+    return sys.executable
 
 
 def sandbox_mode() -> str:
@@ -508,8 +524,6 @@ def font_caches() -> list[str]:
     kept beside the workspaces; none when that interpreter has no matplotlib.
     """
     from django.conf import settings
-
-    from chat.tools.python import sandbox_python
 
     found: list[str] = ["--ro-bind-try", "/var/cache/fontconfig", "/var/cache/fontconfig"]
     found += ["--size", str(8 * MB), "--perms", "1777", "--tmpfs", MPL_DIR]

@@ -464,6 +464,7 @@ def test_a_stopped_call_says_who_stopped_it_and_keeps_what_it_printed(
     SIGKILL", and the audit row allowed / user, as for a crash."""
     from chat import render
     from chat.events import ToolFinished as Finished
+    from chat.tools.sessions import SEEN_MARK
 
     settings.STUDIO_PYTHON_SESSIONS = sessions
     conversation.confirm_tool_calls = False
@@ -485,6 +486,8 @@ def test_a_stopped_call_says_who_stopped_it_and_keeps_what_it_printed(
         python_sessions_reset(conversation_id=conversation.pk)
     finished = driver.wait_for(Finished)
     driver.finish()
+    # Rolled-back tests reuse primary keys: leave no python session's mark.
+    (workspace / SEEN_MARK).unlink(missing_ok=True)
     assert finished.stopped_by == alice.get_username() and not finished.ok, finished.result
     row = ToolApproval.objects.get(conversation=conversation)
     assert (row.status, row.run_outcome) == ("allowed", "stopped")

@@ -17,6 +17,7 @@ from approvals.models import ToolApproval
 from approvals.services.decisions import approval_decide
 from chat import render
 from chat.models import Message, Run
+from chat.runs.local import local_runs
 from studio.runtime import replace_runtime, restore_runtime, runtime
 from tests.factories import make_conversation
 from tests.helpers.runtimes import cancel_local_runs
@@ -33,7 +34,7 @@ async def no_runs_left():
     yield
     # Stop whatever a failed test left running, and wait for it to end.
     await cancel_local_runs(runtime())
-    assert not runtime().local_runs(), "a run outlived its test"
+    assert not local_runs().all(), "a run outlived its test"
     # This test's loop ends here: stop the runtime's tasks (and connections) on it.
     await runtime().stop()
 
@@ -245,7 +246,7 @@ async def test_waiting_runs_hold_no_worker_and_a_pool_of_one_serves_a_new_chat(a
         for comm in sockets:
             await receive_until(comm, 'data-status="pending"')
         # (A card goes out just before its step lets the run go.)
-        await wait_for(lambda: not rt.local_runs() and rt.agent_pool.busy == 0)
+        await wait_for(lambda: not local_runs(rt).all() and rt.agent_pool.busy == 0)
         assert await sync_to_async(Run.objects.filter(owner="", status="running").count)() == 100
         # A new chat on the one worker while 100 wait: answered.
         other = await sync_to_async(make_conversation)(alice)

@@ -23,6 +23,7 @@ from approvals.models import ToolApproval
 from approvals.services.decisions import approval_decide
 from chat.engine import RESUMED_TEXT, run_launch, run_stop
 from chat.models import Message, Run
+from chat.runs.local import local_runs
 from studio.runtime import runtime
 from tests.factories import make_conversation
 
@@ -71,7 +72,7 @@ def tool_result(conversation) -> str:
 
 async def holds_nothing(rt) -> None:
     """Waiting: no run is stepped here, and no worker is busy."""
-    await until(lambda: not rt.local_runs() and rt.agent_pool.busy == 0)
+    await until(lambda: not local_runs(rt).all() and rt.agent_pool.busy == 0)
 
 
 @pytest.mark.parametrize(

@@ -62,6 +62,8 @@ def test_matplotlib_show_saves_the_figures(settings, conversation):
 def test_a_plot_prints_only_what_its_code_prints(settings, conversation, sessions):
     """Issue 55: every plot began with ~9 lines of matplotlib's and fontconfig's
     complaints about where to write, with the host's workspace path."""
+    from chat.tools.sessions import SEEN_MARK, SESSIONS
+
     settings.STUDIO_PYTHON_SESSIONS = sessions
     code = (
         "import matplotlib.pyplot as plt, matplotlib.font_manager as fm\n"
@@ -70,10 +72,15 @@ def test_a_plot_prints_only_what_its_code_prints(settings, conversation, session
         "print('plotted', len(fm.fontManager.ttflist) > 0)"
     )
     workspace = workspace_of(settings, conversation)
-    for _ in range(2):  # the font list is built once, not per call
-        result = python(code, workspace)
-        assert result.ok, result.text
-        assert result.text.split("\n\n")[0] == "plotted True", result.text
+    try:
+        for _ in range(2):  # the font list is built once, not per call
+            result = python(code, workspace)
+            assert result.ok, result.text
+            assert result.text.split("\n\n")[0] == "plotted True", result.text
+    finally:
+        # Rolled-back tests reuse primary keys: leave no session, nor its mark.
+        SESSIONS.end(workspace)
+        (workspace / SEEN_MARK).unlink(missing_ok=True)
     assert not (workspace / ".config").exists() and not (workspace / ".cache").exists()
     cache = settings.STUDIO_WORKSPACE_ROOT.parent / "tool-cache" / "matplotlib"
     assert list(cache.glob("fontlist-v*.json"))

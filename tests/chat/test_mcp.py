@@ -14,7 +14,7 @@ from django.utils import timezone
 from approvals.models import ToolApproval
 from approvals.services.decisions import approval_decide
 from chat.events import ToolFinished, ToolStarted
-from chat.mcp import mcp_tools
+from chat.mcp import HUB, mcp_tools
 from chat.models import McpServer
 from chat.toolbox import toolbox_for
 from studio.cancel import CancelToken
@@ -40,11 +40,13 @@ def free_port() -> int:
 def fresh_hub():
     """This test's sessions are its own, and are closed after it."""
     rt = runtime()
-    old, rt.mcp = rt.mcp, None
+    old = rt.part_drop(HUB)
     yield
-    if rt.mcp is not None:
-        rt.mcp.close()
-    rt.mcp = old
+    made = rt.part_drop(HUB)
+    if made is not None:
+        made.close()
+    if old is not None:
+        rt.part(HUB, lambda: old)
 
 
 class HttpServer:
@@ -190,7 +192,7 @@ def execute(server_row: McpServer, tool: str, arguments: dict, *, timeout=10.0, 
         arguments,
         cancel=cancel or CancelToken(),
         timeout=timeout,
-        workspace=runtime().mcp and _workspace(),
+        workspace=_workspace(),
     )
 
 
