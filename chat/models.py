@@ -76,6 +76,8 @@ class Conversation(models.Model):
     # Stop or Restart was pressed: python sessions started before it are ended
     # (every process's reaper and every next call read it).
     python_reset_at = models.DateTimeField(null=True, blank=True)
+    # Room uploads in flight (in any process) hold in the workspace's quota.
+    upload_reserved_bytes = models.BigIntegerField(default=0)
     # The model its runs ask; blank: the deployment's default.
     model = models.ForeignKey(
         LanguageModel, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"

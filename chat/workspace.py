@@ -10,12 +10,18 @@ workspace's own descriptor, and an upload replaces a name with ``rename``
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+import stat
+import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from django.conf import settings
+from django.db import transaction
+from django.db.models import F
 
 from chat.models import Conversation
 from chat.tools.images import human_size, open_beneath
@@ -98,9 +104,10 @@ def upload_limit() -> int:
 
 
 def clean_upload_name(name: str) -> str:
-    """A browser's file name as a plain name in the workspace's top folder."""
+    """A browser's file name as a plain name in the workspace's top folder, in
+    Unicode's composed form (``café`` typed or pasted is one name)."""
     # Browsers send a base name; some older ones sent a whole path.
-    name = name.replace("\\", "/").rsplit("/", 1)[-1].strip()
+    name = unicodedata.normalize("NFC", name.replace("\\", "/").rsplit("/", 1)[-1].strip())
     if not name or name in (".", "..") or "\x00" in name or name.startswith("."):
         raise UploadRefused(f"“{name or '(no name)'}” is not a file name Studio keeps.")
     if len(name) > NAME_LENGTH:
@@ -119,11 +126,8 @@ def workspace_upload(conversation: Conversation, uploads) -> list[WorkspaceFile]
     for name, upload in zip(names, uploads, strict=True):
         _fits_alone(name, upload.size)
     workspace = prepare_workspace(conversation.workspace)
-    _fits_in(conversation, "Those files", sum(upload.size for upload in uploads))
-    return [
-        _save(workspace, name, upload.chunks(), upload.size)
-        for name, upload in zip(names, uploads, strict=True)
-    ]
+    with _room(conversation, "Those files", sum(upload.size for upload in uploads)):
+        return _save_all(workspace, names, uploads)
 
 
 def _fits_alone(name: str, size: int) -> None:
@@ -134,30 +138,93 @@ def _fits_alone(name: str, size: int) -> None:
         )
 
 
-def _fits_in(conversation: Conversation, what: str, size: int) -> None:
+@contextlib.contextmanager
+def _room(conversation: Conversation, what: str, size: int):
+    """Hold ``size`` bytes of the workspace's quota while the upload is written.
+
+    The room is reserved on the conversation's row, which the check locks,
+    so uploads in flight in any process count: a file is either reserved or
+    on disk (or both, counted twice: never less) when the next one looks.
+    """
     quota = settings.STUDIO_WORKSPACE_QUOTA_MB * MB
-    used = workspace_usage(conversation.workspace, stop_above=quota)
-    if used + size > quota:
-        raise UploadRefused(
-            f"{what} ({human_size(size)}) would not fit: the workspace holds {human_size(used)} "
-            f"of its {settings.STUDIO_WORKSPACE_QUOTA_MB} MB. Delete files first."
+    with transaction.atomic():
+        reserved = (
+            Conversation.objects.select_for_update()
+            .filter(pk=conversation.pk)
+            .values_list("upload_reserved_bytes", flat=True)
+            .get()
+        )
+        used = workspace_usage(conversation.workspace, stop_above=quota)
+        if used + reserved + size > quota:
+            raise UploadRefused(
+                f"{what} ({human_size(size)}) would not fit: the workspace holds "
+                f"{human_size(used + reserved)} of its {settings.STUDIO_WORKSPACE_QUOTA_MB} MB"
+                f"{' (with uploads in progress)' if reserved else ''}. Delete files first."
+            )
+        Conversation.objects.filter(pk=conversation.pk).update(
+            upload_reserved_bytes=F("upload_reserved_bytes") + size
+        )
+    try:
+        yield
+    finally:
+        Conversation.objects.filter(pk=conversation.pk).update(
+            upload_reserved_bytes=F("upload_reserved_bytes") - size
         )
 
 
-def _save(workspace: Path, name: str, chunks, size: int) -> WorkspaceFile:
-    """Write a checked upload into the workspace's top folder under ``name``,
-    replacing a file (or a symlink) of that name; the tools' uid owns it."""
+def _save_all(workspace: Path, names: list[str], uploads) -> list[WorkspaceFile]:
+    """Write every upload under a temporary name, then put each in place: a
+    name that is a folder refuses them all before anything is written."""
+    folder = os.open(workspace, _FLAGS | os.O_DIRECTORY)
+    staged: list[tuple[str, str]] = []
+    try:
+        present = _top_entries(folder)
+        for name in names:
+            for existing in present.get(name, []):
+                if stat.S_ISDIR(os.lstat(existing, dir_fd=folder).st_mode):
+                    raise UploadRefused(
+                        f"{name} is a folder in the workspace: rename one of them first."
+                    )
+        token = secrets.token_hex(6)
+        for n, (name, upload) in enumerate(zip(names, uploads, strict=True)):
+            temporary = f".upload-{token}-{n}"
+            write_beneath(workspace, temporary, _bounded(name, upload.chunks(), upload.size))
+            staged.append((temporary, name))
+        for temporary, name in staged:
+            # The same name written another way (café decomposed) is replaced too.
+            for existing in present.get(name, []):
+                if existing != name:
+                    os.unlink(existing, dir_fd=folder)
+            os.replace(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except OSError as exc:
+        raise UploadRefused(f"Studio could not write those files ({exc.strerror}).") from None
+    finally:
+        for temporary, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=folder)
+        os.close(folder)
+    now = datetime.now(tz=UTC)
+    return [
+        WorkspaceFile(name=name, size=upload.size, modified=now)
+        for name, upload in zip(names, uploads, strict=True)
+    ]
 
-    def bounded():
-        written = 0
-        for chunk in chunks:
-            written += len(chunk)
-            if written > size:
-                raise UploadRefused(f"{name} grew while it was uploaded.")
-            yield chunk
 
-    write_beneath(workspace, name, bounded())
-    return WorkspaceFile(name=name, size=size, modified=datetime.now(tz=UTC))
+def _top_entries(folder: int) -> dict[str, list[str]]:
+    """The top folder's names, by their composed form."""
+    found: dict[str, list[str]] = {}
+    for entry in os.listdir(folder):
+        found.setdefault(unicodedata.normalize("NFC", entry), []).append(entry)
+    return found
+
+
+def _bounded(name: str, chunks, size: int):
+    written = 0
+    for chunk in chunks:
+        written += len(chunk)
+        if written > size:
+            raise UploadRefused(f"{name} grew while it was uploaded.")
+        yield chunk
 
 
 def workspace_open(conversation: Conversation, name: str):

@@ -76,6 +76,40 @@ def test_an_upload_over_the_workspace_quota_is_refused_whole(alice_client, chat,
     assert not (chat.workspace / "small.txt").exists()  # all or nothing
 
 
+def test_a_name_that_is_a_folder_refuses_the_whole_upload(alice_client, chat):
+    """Issue 55: the request answered 500 and the files written before it stayed."""
+    (chat.workspace / "reports").mkdir(parents=True)
+    response = upload(alice_client, chat, a_file("first.csv"), a_file("reports"))
+    assert response.status_code == 400 and "reports is a folder" in response.text
+    assert sorted(p.name for p in chat.workspace.iterdir()) == ["reports"]
+
+
+def test_names_that_differ_only_in_unicode_form_are_one_name(alice_client, chat):
+    import unicodedata
+
+    composed, decomposed = (unicodedata.normalize(f, "café.txt") for f in ("NFC", "NFD"))
+    assert upload(alice_client, chat, a_file(decomposed, b"first")).status_code == 200
+    assert upload(alice_client, chat, a_file(composed, b"second")).status_code == 200
+    assert [p.name for p in chat.workspace.iterdir()] == [composed]
+    assert (chat.workspace / composed).read_bytes() == b"second"
+    both = upload(alice_client, chat, a_file(composed), a_file(decomposed))
+    assert both.status_code == 400 and "the same name" in both.text
+
+
+def test_room_reserved_by_an_upload_in_flight_counts(alice_client, chat, settings):
+    """Across processes the quota is held in the database: an upload still
+    being written elsewhere holds its room until it is on disk."""
+    from chat.models import Conversation
+
+    settings.STUDIO_WORKSPACE_QUOTA_MB = 1
+    Conversation.objects.filter(pk=chat.pk).update(upload_reserved_bytes=900 * 1024)
+    response = upload(alice_client, chat, a_file("more.bin", b"x" * 200 * 1024))
+    assert response.status_code == 400 and "uploads in progress" in response.text
+    Conversation.objects.filter(pk=chat.pk).update(upload_reserved_bytes=0)
+    assert upload(alice_client, chat, a_file("more.bin", b"x" * 200 * 1024)).status_code == 200
+    assert Conversation.objects.get(pk=chat.pk).upload_reserved_bytes == 0  # given back
+
+
 def test_an_upload_replaces_a_symlink_never_writes_through_it(alice_client, chat, tmp_path):
     target = tmp_path / "server-file"
     target.write_text("keep me")
