@@ -59,7 +59,7 @@ from studio.cancel import CancelToken
 from studio.metrics import MODEL_REQUEST_SECONDS, MODEL_TOKENS, TOOL_CALL_SECONDS
 from studio.runtime import release_connection
 from studio.text import strip_nul, strip_nul_json
-from studio.wording import REJECTION_TEXT
+from studio.wording import EDITED_TEXT, REJECTION_TEXT
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +73,6 @@ DUPLICATE_TEXT = (
 )
 CANCELLED_TEXT = "The run was stopped before this call was decided; it did not run."
 STOPPED_TEXT = "The run was stopped before this call began; it did not run."
-EDITED_TEXT = (
-    "(The user edited the arguments of this call before it ran; the call above shows what ran.)"
-)
 BLOCKED_TEXT = "Blocked by a rule: {note}"
 TIMEOUT_TEXT = "nobody decided on this call in time, so it did not run."
 CHANGED_TEXT = "the approved arguments changed after the request; the call did not run."

@@ -11,6 +11,7 @@ from datetime import datetime
 
 from approvals.models import ToolApproval
 from chat.models import Conversation, Message
+from studio.wording import EDITED_TEXT
 
 
 @dataclass
@@ -29,6 +30,12 @@ class MessageView:
     superseded: bool = False
     model_name: str = ""  # assistant turns: the model that wrote it
     stopped_by: str = ""  # tool results cut short by Stop: who pressed it
+
+    @property
+    def shown(self) -> str:
+        """The content as the member reads it: without the line meant for the
+        model about an edit (the card shows the edit itself)."""
+        return self.content.removeprefix(EDITED_TEXT + "\n")
 
     @classmethod
     def of(cls, message: Message) -> MessageView:

@@ -435,12 +435,15 @@ def result_of(result, *, workspace: Path, tool: str) -> ToolResult:
 
 def _same_json(text: str, value) -> bool:
     """``text`` says what the structured ``value`` says (so it is shown once)."""
-    if isinstance(value, dict) and set(value) == {"result"} and value["result"] == text:
+    wrapped = isinstance(value, dict) and set(value) == {"result"}
+    if wrapped and value["result"] == text:
         return True  # a plain return value, wrapped by the server
     try:
-        return json.loads(text) == value
+        said = json.loads(text)
     except ValueError:
         return False
+    # (A number or a list is wrapped too: the text "5" says {"result": 5}.)
+    return said == value or (wrapped and said == value["result"])
 
 
 def _save_image(content, *, workspace: Path, stem: str) -> dict:

@@ -331,3 +331,23 @@ def test_a_pending_approval_records_its_subject_and_schema(conversation):
         {"type": "object"},
         None,
     )
+
+
+def test_a_call_that_ran_with_edits_shows_what_ran_first(conversation, alice):
+    """Issue 55: the card showed the model's code under CODE and the edit below
+    as "ran with edits", and the output began with a line meant for the model."""
+    from approvals.services.decisions import card_render
+    from chat.display import MessageView
+
+    row = make_approval(conversation, arguments={"code": "print('model')"})
+    approval_decide(
+        approval_id=row.approval_id, user=alice, decision="edit",
+        arguments={"code": "print('person')"},
+    )  # fmt: skip
+    row.refresh_from_db()
+    html = card_render(row)
+    ran = html.index("print(&#x27;person&#x27;)")
+    assert "data-ran" in html and ran < html.index("data-edited")
+    assert "the model's version, changed before it ran" in html
+    shown = MessageView(pk=1, role="tool", content=f"{EDITED_TEXT}\nperson\n", created_at=None)
+    assert shown.shown == "person\n"

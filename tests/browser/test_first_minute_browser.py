@@ -64,6 +64,8 @@ def test_a_waiting_card_is_never_under_the_message_box(sized, studio_server, mem
     new_chat(page)
     for n in range(3):  # a chat long enough to scroll
         ask(page, f"Tell me about step {n}, at some length please.")
+        # Its reply is in (run_finished alone may still see the state before it).
+        page.locator("#transcript .msg-assistant").nth(n).wait_for()
         run_finished(page)
     card = card_for(page, "run python: print(6 * 7)")
     edit = card.locator("summary", has_text="Edit")
@@ -79,3 +81,31 @@ def test_a_waiting_card_is_never_under_the_message_box(sized, studio_server, mem
     # The result follows into view, as new messages do.
     box = result.bounding_box()
     assert box["y"] + box["height"] <= page.locator(".composer-row").bounding_box()["y"] + 1
+
+
+def test_a_phone_shows_no_key_hints_and_a_placeholder_that_fits(browser, studio_server, member):
+    """Issue 55: the a/d/e hints showed on touch screens; the placeholder was cut off."""
+    context = browser.new_context(
+        viewport={"width": 390, "height": HEIGHT}, has_touch=True, is_mobile=True
+    )
+    try:
+        page = context.new_page()
+        login(page, studio_server)
+        new_chat(page)
+        box = page.locator("#message-input")
+        assert box.get_attribute("placeholder") == "Message the agent"
+        fits = page.evaluate(
+            "(() => { const b = document.getElementById('message-input');"
+            " const c = document.createElement('canvas').getContext('2d');"
+            " c.font = getComputedStyle(b).font;"
+            " return c.measureText(b.placeholder).width < b.clientWidth; })()"
+        )
+        assert fits
+        assert not page.locator(".message-keys").is_visible()
+        card = card_for(page, "run python: print(6 * 7)")
+        assert card.locator("button[value=allow]").is_visible()
+        assert not card.locator("kbd").first.is_visible()
+        card.locator("button[value=deny]").click()
+        run_finished(page)
+    finally:
+        context.close()

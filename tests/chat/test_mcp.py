@@ -419,3 +419,24 @@ def test_a_command_naming_studios_own_folder_is_refused(fresh_hub, root_sandbox,
 
 def _text(result) -> str:
     return " ".join(getattr(c, "text", "") for c in result.content)
+
+
+@pytest.mark.parametrize(
+    ("text", "structured", "shown"),
+    [
+        ("5", {"result": 5}, "5"),
+        ("[1, 2]", {"result": [1, 2]}, "[1, 2]"),
+        ("ok", {"result": "ok"}, "ok"),
+        ('{"a": 1}', {"a": 1}, '{\n  "a": 1\n}'),
+    ],
+)
+def test_a_result_and_its_structured_copy_are_shown_once(tmp_path, text, structured, shown):
+    """Issue 55: an MCP result showed twice (text 5 and {"result": 5})."""
+    from mcp.types import CallToolResult, TextContent
+
+    from chat.tools.mcp import result_of
+
+    result = CallToolResult(
+        content=[TextContent(type="text", text=text)], structuredContent=structured
+    )
+    assert result_of(result, workspace=tmp_path, tool="t").text == shown
