@@ -102,3 +102,27 @@ def test_pause_length_says_it_as_a_person_would(seconds, said):
     from studio.templatetags import pause_length
 
     assert pause_length(timedelta(seconds=seconds)) == said
+
+
+@pytest.mark.parametrize(
+    ("tool", "subject", "note"),
+    [
+        ("terminal", "curl -s https://example.com", "curl needs the network"),
+        ("terminal", "cd x && pip install pandas", "pip needs the network"),
+        ("terminal", "git clone https://example.com/r.git", "git needs the network"),
+        ("terminal", "git status", ""),
+        ("terminal", "ls -la", ""),
+        ("python", "import requests\nrequests.get('https://x')", "this code opens network"),
+        ("python", "from urllib.request import urlopen\nurlopen('http://x')", "this code opens"),
+        ("python", "print(2 + 2)", ""),
+        ("web_fetch", "https://example.com", ""),
+    ],
+)
+def test_a_card_says_when_a_call_plainly_needs_the_network(tool, subject, note):
+    """Issue 55: the sandbox has no network; say so before anyone allows such a call."""
+    from types import SimpleNamespace
+
+    from approvals.templatetags.approvals_tags import needs_network_note
+
+    said = needs_network_note(SimpleNamespace(tool_name=tool, subject=subject))
+    assert said.startswith(note) if note else said == ""

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from urllib.parse import urlsplit
 
 from django import template
@@ -124,6 +125,46 @@ def no_prefix_because(approval) -> str:
     if program is None:
         return ""
     return f"{program} can run other programs that its options or files name"
+
+
+# What plainly asks for the network: a program that fetches, or python that
+# opens connections. Tools run with none, so such a call can only fail; the
+# card says so before anyone allows it (a hint, not a rule: it decides nothing).
+NETWORK_PROGRAMS = frozenset(
+    "curl wget ssh scp sftp rsync nc ncat telnet ftp ping dig nslookup host".split()
+)
+NETWORK_SUBCOMMANDS = {
+    "pip": {"install", "download"}, "pip3": {"install", "download"},
+    "git": {"clone", "fetch", "pull", "push", "ls-remote"},
+    "npm": {"install", "i", "ci"}, "apt": {"install", "update"},
+    "apt-get": {"install", "update"}, "docker": {"pull", "push"},
+}  # fmt: skip
+NETWORK_CODE = re.compile(
+    r"\b(requests\.(get|post|put|delete|head|Session)|urllib\.request|urlopen\("
+    r"|http\.client|httpx\.|aiohttp|socket\.create_connection|pip install"
+    r"|subprocess\.\w+\(\s*\[?\s*['\"](curl|wget|pip)\b)"
+)
+
+
+@register.filter
+def needs_network_note(approval) -> str:
+    """ "" unless the call plainly needs the network, which tools do not have."""
+    subject = approval.subject or ""
+    if approval.tool_name == "terminal":
+        for argv in read_command_line(subject).argvs or _rough_argvs(subject):
+            program = argv[0].rsplit("/", 1)[-1] if argv else ""
+            if program in NETWORK_PROGRAMS or (
+                len(argv) > 1 and argv[1] in NETWORK_SUBCOMMANDS.get(program, ())
+            ):
+                return f"{program} needs the network"
+    elif approval.tool_name == "python" and NETWORK_CODE.search(subject):
+        return "this code opens network connections"
+    return ""
+
+
+def _rough_argvs(line: str) -> list[list[str]]:
+    """A line the reader could not read in full, split roughly: a hint only."""
+    return [part.split() for part in re.split(r"[;&|\n]+", line) if part.split()]
 
 
 @register.filter

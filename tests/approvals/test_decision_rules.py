@@ -414,3 +414,11 @@ def test_a_program_that_runs_others_gets_no_prefix_on_its_card(
     offered = re.findall(r'<input type="radio" name="pattern" value="([^"]*)"', html)
     assert offered == [command, ""]
     assert f"{program} can run other programs that its options or files name" in html
+
+
+def test_a_pending_card_says_the_sandbox_has_no_network(conversation, reviewer):
+    from approvals.services.decisions import card_render
+
+    html = card_render(command_card(conversation, "curl -sO https://example.com/data.csv"))
+    assert "Tools run without a network: curl needs the network" in html
+    assert "Tools run without a network" not in card_render(command_card(conversation, "ls"))
