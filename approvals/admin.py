@@ -411,6 +411,23 @@ class ToolRuleForm(forms.ModelForm):
         return data
 
 
+class RuleStateFilter(admin.SimpleListFilter):
+    """Active or revoked, in words (not "revoked at: empty / not empty")."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return [("active", "Active"), ("revoked", "Revoked")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "active":
+            return queryset.filter(revoked_at__isnull=True)
+        if self.value() == "revoked":
+            return queryset.filter(revoked_at__isnull=False)
+        return queryset
+
+
 @admin.register(ToolRule)
 class ToolRuleAdmin(admin.ModelAdmin):
     """Tool rules: for Tool, when a call matches Pattern, the Action.
@@ -420,10 +437,12 @@ class ToolRuleAdmin(admin.ModelAdmin):
     """
 
     form = ToolRuleForm
-    list_display = ["tool", "pattern", "action", "scope", "member", "hits", "last_hit_at", "active"]
-    list_filter = ["action", "scope", ("revoked_at", admin.EmptyFieldListFilter)]
+    list_display = [
+        "tool", "pattern", "action", "scope", "applies_to", "hits", "last_hit_at", "active",
+    ]  # fmt: skip
+    list_filter = ["action", "scope", RuleStateFilter]
     search_fields = ["tool", "pattern", "note", "member__username"]
-    list_select_related = ["member", "conversation"]
+    list_select_related = ["member", "conversation__owner"]
     autocomplete_fields = ["member", "conversation"]
     readonly_fields = [
         "hits",
@@ -438,6 +457,24 @@ class ToolRuleAdmin(admin.ModelAdmin):
     @admin.display(boolean=True, description="active")
     def active(self, obj: ToolRule) -> bool:
         return obj.revoked_at is None
+
+    @admin.display(description="applies to", ordering="member__username")
+    def applies_to(self, obj: ToolRule) -> str:
+        """Who the rule is for: everyone, a member, or one conversation (and whose)."""
+        if obj.scope == ToolRule.Scope.CONVERSATION and obj.conversation is not None:
+            return f"“{obj.conversation.title}” ({obj.conversation.owner.get_username()})"
+        if obj.scope == ToolRule.Scope.MEMBER and obj.member is not None:
+            return obj.member.get_username()
+        return "everyone"
+
+    def get_readonly_fields(self, request: HttpRequest, obj=None):
+        # A new rule has no hits, author or revocation to show yet.
+        return self.readonly_fields if obj is not None else []
+
+    def get_exclude(self, request: HttpRequest, obj=None):
+        if obj is None:
+            return [*self.readonly_fields]
+        return super().get_exclude(request, obj)
 
     @admin.action(description="Revoke the selected rules")
     def revoke(self, request: HttpRequest, queryset) -> None:

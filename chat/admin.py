@@ -44,6 +44,10 @@ class ConversationAdmin(admin.ModelAdmin):
     list_select_related = ["owner"]
     date_hierarchy = "created_at"
     readonly_fields = ["created_at", "updated_at", "archived_at", "deleted_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # members start conversations in the chat, not here
+
     inlines = [MessageInline]
 
     @admin.display(description="Deleted or archived")

@@ -284,3 +284,22 @@ def test_the_detail_page_shows_durations_in_units(staff_client, rows):
     page = staff_client.get(reverse("admin:approvals_toolapproval_change", args=[allowed.pk]))
     html = page.content.decode()
     assert "55 ms" in html and "3.2 s" in html and "0.0546" not in html
+
+
+def test_the_rules_admin_says_whom_a_rule_is_for_in_words(admin_client, alice):
+    """Issue 55: a conversation's rule showed Member "-", the filter read "By
+    revoked at: Empty / Not empty", and the add form offered read-only Hits."""
+    from approvals.models import ToolRule
+    from tests.factories import make_conversation
+
+    chat = make_conversation(alice, title="Quarterly numbers")
+    ToolRule.objects.create(tool="terminal", pattern="ls *", action="allow",
+                            scope="conversation", conversation=chat)  # fmt: skip
+    ToolRule.objects.create(tool="python", action="ask", scope="member", member=alice)
+    page = admin_client.get("/admin/approvals/toolrule/").content.decode()
+    assert "“Quarterly numbers” (alice)" in page and ">alice<" in page
+    assert "By state" in page and "Revoked" in page and "By revoked at" not in page
+    add = admin_client.get("/admin/approvals/toolrule/add/").content.decode()
+    assert 'name="tool"' in add and "Hits" not in add and "Revoked by" not in add
+    # And conversations are started in the chat, never added in the admin.
+    assert admin_client.get("/admin/chat/conversation/add/").status_code == 403
