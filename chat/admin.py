@@ -257,8 +257,12 @@ def fetch_models(modeladmin, request: HttpRequest, queryset) -> None:
         try:
             found = server_models(base_url=choice.base_url, api_key=choice.api_key)
         except LLMError as exc:
-            LanguageModel.objects.filter(pk=choice.pk).update(last_error=str(exc))
-            modeladmin.message_user(request, f"{choice.name}: {exc}", messages.ERROR)
+            # For the admin who set it up: the address asked and the library's words.
+            said = f"{exc} Asked {choice.base_url}/models" + (
+                f": {exc.detail}" if exc.detail else ""
+            )
+            LanguageModel.objects.filter(pk=choice.pk).update(last_error=said)
+            modeladmin.message_user(request, f"{choice.name}: {said}", messages.ERROR)
             continue
         LanguageModel.objects.filter(pk=choice.pk).update(
             available=found, fetched_at=timezone.now(), last_error=""

@@ -9,7 +9,15 @@ from studio.cancel import CancelToken
 
 
 class LLMError(Exception):
-    """The model could not answer; the message is shown in the chat."""
+    """The model could not answer; the message is shown in the chat.
+
+    ``detail``: what went wrong in the library's words, for an admin's eyes
+    (the admin's Fetch models), never a member's.
+    """
+
+    def __init__(self, message: str, *, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 @dataclass

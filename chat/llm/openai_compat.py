@@ -161,7 +161,7 @@ class OpenAICompatModel:
         try:
             return sorted({model.id for model in server.client.models.list()})
         except openai.OpenAIError as exc:
-            raise LLMError(server._describe(exc)) from None
+            raise LLMError(server._describe(exc), detail=_short(str(exc))) from None
 
     def _describe(self, exc: Exception) -> str:
         """What the member reads. The server's address and the library's words

@@ -103,5 +103,8 @@ def test_fetch_models_from_a_server_that_is_down_says_so(admin_client):
         url, {"action": "fetch_models", "_selected_action": [down.pk]}, follow=True
     )
     assert response.status_code == 200 and "Down: Could not reach the model server" in response.text
+    # Issue 55: the admin reads the address asked and the library's own words.
+    assert "Asked http://127.0.0.1:9/v1/models: Connection error" in response.text
     down.refresh_from_db()
     assert down.last_error.startswith("Could not reach") and down.available == []
+    assert "http://127.0.0.1:9/v1/models" in down.last_error
