@@ -481,6 +481,32 @@ _JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; don
 # --- building the command line ---------------------------------------------------------------
 
 
+# The namespaces of every sandbox (tool calls and MCP servers): its own
+# processes, IPC and host name; it dies with whoever started it.
+NAMESPACES = (
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--unshare-cgroup-try",
+    "--die-with-parent",
+    "--new-session",
+)
+
+
+def drop_to(uid: int, gid: int) -> list[str]:
+    """The command prefix that leaves root for ``uid`` with no capability left."""
+    return [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+    ]
+
+
 def system_view() -> list[str]:
     """bubblewrap's arguments for the read-only system every sandbox sees."""
     view: list[str] = []
@@ -618,18 +644,7 @@ def bwrap_argv(
 ) -> list[str]:
     bwrap = bwrap_path()
     assert bwrap is not None
-    command = [
-        bwrap,
-        "--unshare-net",
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-cgroup-try",
-        "--die-with-parent",
-        "--new-session",
-        "--hostname",
-        "sandbox",
-    ]
+    command = [bwrap, "--unshare-net", *NAMESPACES, "--hostname", "sandbox"]
     if not can_drop_privileges():
         # Unprivileged: bubblewrap needs a user namespace of its own.
         command.append("--unshare-user")
@@ -652,16 +667,7 @@ def bwrap_argv(
         command += ["--setenv", name, value]
     command.append("--")
     if ids is not None:
-        command += [
-            "setpriv",
-            f"--reuid={ids[0]}",
-            f"--regid={ids[1]}",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-            "--no-new-privs",
-            "--",
-        ]
+        command += drop_to(*ids)
     command += [
         "prlimit",
         f"--cpu={cpu_seconds}:{cpu_seconds + 1}",

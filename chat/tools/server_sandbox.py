@@ -19,10 +19,12 @@ from django.conf import settings
 
 from chat.tools.sandbox import (
     INSTALL_HINT,
+    NAMESPACES,
     SANDBOX_UID_BASE,
     SandboxUnavailable,
     bwrap_path,
     can_drop_privileges,
+    drop_to,
     sandbox_mode,
     system_view,
 )
@@ -43,15 +45,7 @@ def server_argv(command: tuple[str, ...], *, name: str, network: bool) -> list[s
     if bwrap is None:
         raise SandboxUnavailable(INSTALL_HINT)
     home = _home(name)
-    argv = [
-        bwrap,
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-cgroup-try",
-        "--die-with-parent",
-        "--new-session",
-    ]
+    argv = [bwrap, *NAMESPACES]
     if not network:
         argv.append("--unshare-net")
     if not can_drop_privileges():
@@ -63,16 +57,7 @@ def server_argv(command: tuple[str, ...], *, name: str, network: bool) -> list[s
     argv += _way_to(home, "0711") + ["--bind", str(home), str(home)]
     argv += ["--chdir", str(home), "--setenv", "HOME", str(home), "--"]
     if can_drop_privileges():
-        argv += [
-            "setpriv",
-            f"--reuid={MCP_UID}",
-            f"--regid={MCP_UID}",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-            "--no-new-privs",
-            "--",
-        ]
+        argv += drop_to(MCP_UID, MCP_UID)
     return [*argv, *command]
 
 

@@ -206,16 +206,21 @@ def test_always_allow_with_a_pattern_needs_a_line_a_pattern_can_read(conversatio
     assert post(alice, row, decision="always", pattern="ls $(id)").status_code == 200
 
 
-def test_an_mcp_edit_may_not_add_an_argument_the_tool_does_not_declare(conversation, alice):
-    """Issue 52: rules cannot read what the schema does not declare."""
-    schema = {"type": "object", "properties": {"path": {"type": "string"}}}  # extras allowed
-    row = make_approval(
+def files_write_card(conversation, *declared: str):
+    """A pending files__write card whose schema declares ``declared`` (extras allowed)."""
+    schema = {"type": "object", "properties": {name: {"type": "string"} for name in declared}}
+    return make_approval(
         conversation,
         tool_name="files__write",
         arguments={"path": "notes.txt"},
         tool_schema=schema,
         subject='{"path":"notes.txt"}',
     )
+
+
+def test_an_mcp_edit_may_not_add_an_argument_the_tool_does_not_declare(conversation, alice):
+    """Issue 52: rules cannot read what the schema does not declare."""
+    row = files_write_card(conversation, "path")
     answer = post(alice, row, decision="edit", arguments='{"path": "x", "mode": "overwrite"}')
     assert answer.status_code == 400
     assert "does not declare: 'mode'" in answer.json()["error"]
@@ -224,17 +229,7 @@ def test_an_mcp_edit_may_not_add_an_argument_the_tool_does_not_declare(conversat
 
 def test_an_mcp_edit_that_adds_a_property_goes_through_the_rules(conversation, alice):
     ToolRule.objects.create(tool="files__write", pattern='*"mode":"overwrite"*', action="deny")
-    schema = {
-        "type": "object",
-        "properties": {"path": {"type": "string"}, "mode": {"type": "string"}},
-    }
-    row = make_approval(
-        conversation,
-        tool_name="files__write",
-        arguments={"path": "notes.txt"},
-        tool_schema=schema,
-        subject='{"path":"notes.txt"}',
-    )
+    row = files_write_card(conversation, "path", "mode")
     with pytest.raises(DecisionForbidden):
         approval_decide(
             approval_id=row.approval_id,

@@ -101,6 +101,15 @@ def a_gave_up(a, conversation) -> None:
     )
 
 
+def held_python_call(model, call_id: str = "call_a") -> tuple[Reply, threading.Event]:
+    """A reply with a python call that waits for its event; queued first."""
+    held = threading.Event()
+    reply = python_call(call_id)
+    reply.hold = held
+    model.replies.append(reply)
+    return reply, held
+
+
 def frozen_while(a, until_true, what: str) -> None:
     """Freeze A until ``until_true()`` (B took the run over and stepped it), then thaw it."""
     a.pause()
@@ -114,10 +123,8 @@ def test_frozen_while_the_model_answers(cluster, conversation, model, started):
     a, b = cluster
     conversation.confirm_tool_calls = False
     conversation.save()
-    held = threading.Event()
-    first = python_call("call_a")
-    first.hold = held
-    model.replies += [first, python_call("call_b"), Reply(chunks=content_chunks("Done."))]
+    first, held = held_python_call(model)
+    model.replies += [python_call("call_b"), Reply(chunks=content_chunks("Done."))]
     started.send("count once")
     assert first.arrived.wait(BOUND)
     frozen_while(a, lambda: run_of(conversation).status == "done", "B's takeover and end")
@@ -183,10 +190,7 @@ def test_stop_pressed_while_the_owner_is_frozen(
     a, b = cluster
     conversation.confirm_tool_calls = False
     conversation.save()
-    held = threading.Event()
-    first = python_call("call_a")
-    first.hold = held
-    model.replies += [first]
+    first, held = held_python_call(model)
     started.send("count, but I will stop you")
     assert first.arrived.wait(BOUND)
     a.pause()
