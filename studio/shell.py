@@ -98,6 +98,10 @@ PROGRAM_RUNNERS = frozenset(
 FIND_RUNS = frozenset(("-exec", "-execdir", "-ok", "-okdir"))
 # Nested command strings (``bash -c '…'``) are read this many levels deep.
 MAX_DEPTH = 3
+# A command that may run its words: this many of its tails, this long each,
+# are what Deny rules see of it (and its whole text, always).
+MAX_TAILS = 1024
+MAX_TAIL_WORDS = 256
 
 # Node types whose text is a literal word once quoting is taken off.
 _LITERAL_PARTS = frozenset(("word", "number", "raw_string", "string"))
@@ -498,7 +502,11 @@ def _seen_in(command: Node, source: bytes, depth: int) -> list[str]:
     if _may_run_its_words(words):
         # What it starts is somewhere in its tail: every tail is a command,
         # and every word (a subscript bash evaluates, a callback) a line.
-        pieces.extend(" ".join(words[i:]) for i in range(1, len(words)))
+        # Bounded, so thousands of words cost linear time, not quadratic:
+        # such a line is not plain, so a person decides where a guard exists.
+        pieces.extend(
+            " ".join(words[i : i + MAX_TAIL_WORDS]) for i in range(1, min(len(words), MAX_TAILS))
+        )
         if depth < MAX_DEPTH:
             for word in words[1:]:
                 pieces.extend(read_command_line(word, depth=depth + 1).seen)

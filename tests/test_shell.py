@@ -190,3 +190,12 @@ def test_a_structured_call_is_read_argument_by_argument():
     # Each argument alone, and a nested one along its path.
     assert {'{"cmd":"rm x"}', '{"opts":{"z":1}}', '{"opts":{"env":{"A":"b"}}}'} <= set(reading.seen)
     assert read_arguments({"cmd": "x", "more": 1}, schema)[1].plain is None
+
+
+def test_a_builtin_with_thousands_of_words_is_read_in_bounded_pieces():
+    """Every tail of a command that may run its words is a piece for Deny rules:
+    bounded, so a model's 20,000-word line costs megabytes, not gigabytes."""
+    words = " ".join(f"w{i}" for i in range(20_000))
+    reading = read_command_line(f"nosuchprogram {words}")
+    assert reading.plain is None
+    assert sum(len(piece) for piece in reading.seen) < 8_000_000

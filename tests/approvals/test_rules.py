@@ -203,6 +203,10 @@ CASES = {
         [rule("terminal", A.ALLOW, pattern="./build.sh *")], True, "terminal", "./build.sh -j2",
         (A.ASK, "", None),
     ),
+    "a command deep in a long line is still seen by a deny (or asks)": (
+        [rule("terminal", A.DENY, pattern="rm *")], False, "terminal",
+        "xargs " + "x " * 2000 + "rm -rf /", (A.DENY, "rule", 0),
+    ),
     "a space bash does not split on is not plain": (
         [rule("terminal", A.ALLOW, pattern="ls *")], True, "terminal", "ls -la\u3000#",
         (A.ASK, "", None),
