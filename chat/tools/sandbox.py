@@ -556,8 +556,8 @@ def font_caches() -> list[str]:
     folder = settings.STUDIO_WORKSPACE_ROOT.parent / "tool-cache" / "matplotlib"
     lists = sorted(folder.glob("fontlist-v*.json"))
     if not lists:
-        folder.mkdir(parents=True, exist_ok=True)
         try:
+            folder.mkdir(parents=True, exist_ok=True)
             subprocess.run(
                 [sandbox_python(), "-I", "-c", "import matplotlib.font_manager"],
                 env={"PATH": "/usr/bin:/bin", "MPLCONFIGDIR": str(folder), "HOME": str(folder)},
@@ -566,11 +566,13 @@ def font_caches() -> list[str]:
                 check=True,
             )
         except (OSError, subprocess.SubprocessError):
+            # No matplotlib there, or no folder we may write: plots build their own.
             logger.info("no matplotlib font list for the tools: plots build their own")
         lists = sorted(folder.glob("fontlist-v*.json"))
     if lists:
-        folder.chmod(0o755)
-        lists[-1].chmod(0o644)
+        with contextlib.suppress(OSError):  # (made by another user: readable already)
+            folder.chmod(0o755)
+            lists[-1].chmod(0o644)
         found += ["--ro-bind", str(lists[-1]), f"{MPL_DIR}/{lists[-1].name}"]
     return found
 
