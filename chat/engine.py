@@ -45,6 +45,7 @@ from chat.services import (
     RunBusy,
     approval_pending,
     conversation_retryable,
+    conversation_title_from_model,
     editable_message,
     python_sessions_reset,
     regenerate_point,
@@ -436,6 +437,22 @@ class Stepper:
         )
         self._learned()
         self.publisher.flush()
+        if self.status == Run.Status.DONE and self.agent is not None:
+            self._name_the_chat()
+
+    def _name_the_chat(self) -> None:
+        """After a chat's first reply, its model's short title replaces the first
+        message's words (never a member's own name for it)."""
+        try:
+            title = conversation_title_from_model(
+                conversation=self.agent.conversation, model=self.agent.model
+            )
+        except Exception:
+            logger.warning("run %s: no title from the model", self.local.run_id, exc_info=True)
+            return
+        if title:
+            self.publisher.send(render.title(title))
+            self.publisher.flush()
 
     def _learned(self) -> None:
         """The MCP tools this step found for the first time join the panel; the

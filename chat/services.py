@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -25,6 +26,7 @@ from chat.models import Conversation, LanguageModel, Message, Run
 from chat.tools import builtin_tools
 from chat.tools.images import storage_name
 from chat.tools.sessions import SESSIONS
+from studio.cancel import CancelToken
 from studio.runtime import runtime
 from studio.sessions import session_digest
 
@@ -413,6 +415,63 @@ def _title_from(text: str) -> str:
         return line or "New chat"
     cut = line[: TITLE_LENGTH - 1].rsplit(" ", 1)[0]
     return (cut if len(cut) > TITLE_LENGTH // 2 else line[: TITLE_LENGTH - 1]) + "…"
+
+
+TITLE_SECONDS = 10.0
+TITLE_PROMPT = (
+    "Name this conversation in 3 to 6 plain words, as a title for a list of chats. "
+    "Reply with the title only: no quotes, no final full stop."
+)
+
+
+def conversation_title_from_model(*, conversation: Conversation, model) -> str | None:
+    """After a chat's first reply, a short title from its model; None when the
+    model writes none (the demo), fails, or the chat was renamed meanwhile
+    (the member's name always wins: the update is conditional on the title
+    its first message gave)."""
+    from chat.llm import LLMError, TextDelta
+
+    if not getattr(model, "writes_titles", False):
+        return None
+    if Run.objects.filter(conversation=conversation).count() != 1:
+        return None  # only a chat's first run names it
+    messages = list(
+        Message.objects.filter(conversation=conversation, superseded_at__isnull=True)
+        .exclude(role=Message.Role.TOOL)
+        .order_by("created_at", "id")
+        .values_list("role", "content")[:4]
+    )
+    first = next((content for role, content in messages if role == Message.Role.USER), None)
+    if first is None or conversation.title != _title_from(first):
+        return None
+    ask = [{"role": "system", "content": TITLE_PROMPT}]
+    ask += [
+        {"role": role, "content": content[:2000]}
+        for role, content in messages
+        if role in (Message.Role.USER, Message.Role.ASSISTANT) and content
+    ]
+    ask.append({"role": "user", "content": "Now the title of this conversation."})
+    # A slow model does not hold the worker long: the first message's name stays.
+    cancel = CancelToken()
+    timer = threading.Timer(TITLE_SECONDS, cancel.cancel)
+    timer.start()
+    try:
+        text = "".join(
+            chunk.text
+            for chunk in model.stream(ask, [], cancel=cancel)
+            if isinstance(chunk, TextDelta)
+        )
+    except LLMError:
+        return None
+    finally:
+        timer.cancel()
+    if cancel.is_set():
+        return None
+    title = _title_from(text.strip().strip("\"'“”").rstrip("."))
+    if title == "New chat":
+        return None
+    named = Conversation.objects.filter(pk=conversation.pk, title=conversation.title)
+    return title if named.update(title=title) else None
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,9 @@ def client_for(base_url: str, api_key: str, timeout: float) -> openai.OpenAI:
 
 
 class OpenAICompatModel:
+    # A chat's first reply is followed by a request for its title (chat.services).
+    writes_titles = True
+
     def __init__(
         self, *, base_url: str, model: str, api_key: str, timeout: float, label: str = ""
     ) -> None:
