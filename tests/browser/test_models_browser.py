@@ -80,8 +80,11 @@ def test_pick_a_model_per_conversation_and_see_it_on_each_reply(
         finally:
             context.close()
             server.stop()
-        asked_alpha = [r for r in alpha.requests if "messages" in r]
-        asked_beta = [r for r in beta.requests if "messages" in r]
+        # (After the chat's first reply its model was asked for a title, once.)
+        titled = [r for r in alpha.requests if "messages" in r and _asks_title(r)]
+        asked_alpha = [r for r in alpha.requests if "messages" in r and not _asks_title(r)]
+        asked_beta = [r for r in beta.requests if "messages" in r and not _asks_title(r)]
+        assert len(titled) == 1
         assert [r["model"] for r in asked_alpha] == ["alpha-1"]
         assert [r["model"] for r in asked_beta] == ["beta-1"] * 3
         assert {r["_auth"] for r in asked_beta} == {"Bearer sk-beta"}
@@ -93,3 +96,9 @@ def test_pick_a_model_per_conversation_and_see_it_on_each_reply(
             .values_list("model_name", flat=True)
         )
         assert names == ["alpha-1", "Beta", "Beta", "Beta"]
+
+
+def _asks_title(request: dict) -> bool:
+    from chat.services import TITLE_PROMPT
+
+    return request["messages"][0].get("content") == TITLE_PROMPT

@@ -48,7 +48,10 @@ def test_edit_a_python_call_then_it_runs_as_edited(sized, studio_server, member,
     ]  # fmt: skip
     box = decided.bounding_box()
     assert box["x"] >= 0 and box["x"] + box["width"] <= width
-    assert result.inner_text().startswith("(The user edited the arguments")
+    # What ran comes first on the card, and the output is the call's own: the
+    # line about the edit is for the model (issue 55).
+    assert decided.locator("[data-ran] pre").inner_text() == "print(6 * 9)\nprint('edited')"
+    assert result.inner_text().strip() == "54\nedited"
     page.screenshot(path=str(artifacts / f"31-edited-output-{width}.png"), full_page=True)
 
 
