@@ -231,7 +231,10 @@ def _style(*colors: str) -> Style:
     )
 
 
-STYLE = _style("#2b8a3e", "#74b816", DANGER, "#868e96", "#3b5bdb", "#e67700")
+# Allowed by a person and by a rule or setting read apart at
+# a glance (green and cyan): they were two near-identical greens.
+ALLOWED_BY_PERSON, ALLOWED_BY_RULE = "#2b8a3e", "#15aabf"
+STYLE = _style(ALLOWED_BY_PERSON, ALLOWED_BY_RULE, DANGER, "#868e96", "#3b5bdb", "#e67700")
 # Denials are drawn in the danger colour, whatever their place among the series.
 DENIED_STYLE = _style(DANGER)
 

@@ -184,3 +184,20 @@ def test_a_rules_all_time_count_is_never_below_this_period(fixture):
     make_approval(fixture, status="allowed", reason="always_allow", rule=rule, requested_at=at(1))
     (found,) = [r for r in dashboard_data(7, today=TODAY).rule_hits if r["rule"] == rule]
     assert (found["in_period"], found["hits"]) == (3, 3)
+
+
+def test_a_persons_allow_and_a_rules_allow_are_told_apart_by_colour(fixture):
+    """Issue 55: the per-day chart drew them in two near-identical greens."""
+    from approvals.dashboard import ALLOWED_BY_PERSON, ALLOWED_BY_RULE, charts
+
+    make_approval(fixture, status="allowed", reason="user", requested_at=at(1))
+    make_approval(fixture, status="allowed", reason="rule", requested_at=at(1))
+    svg = charts(dashboard_data(7, today=TODAY))["per_day"].replace(" ", "")
+    assert f"fill:{ALLOWED_BY_PERSON}" in svg and f"fill:{ALLOWED_BY_RULE}" in svg
+
+    def rgb(colour: str) -> tuple[int, ...]:
+        return tuple(int(colour[i : i + 2], 16) for i in (1, 3, 5))
+
+    person, rule = rgb(ALLOWED_BY_PERSON), rgb(ALLOWED_BY_RULE)
+    distance = sum(abs(a - b) for a, b in zip(person, rule, strict=True))
+    assert distance > 150
