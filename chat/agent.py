@@ -620,7 +620,6 @@ class Agent:
         self, call: ToolCall, result: ToolResult, approval: ToolApproval | None = None
     ) -> events.ToolFinished:
         message = self._save_result(call, result, approval)
-        stopped_by = message.stopped_by
         return events.ToolFinished(
             message_id=self.turn.pk,
             call=events.CallView(call.id, call.name or "", call.arguments or {}),
@@ -631,7 +630,7 @@ class Agent:
             created_at=message.created_at,
             conversation_id=self.conversation.pk,
             images=result.images,
-            stopped_by=stopped_by,
+            stopped_by=message.stopped_by,
         )
 
     def _save_result(
@@ -658,6 +657,7 @@ class Agent:
         return message
 
     def _save_partial(self, content: str) -> None:
+        self._guard()  # (a step given up ends here, whether or not a reply began)
         if content.strip():
             with self._fenced():
                 Message.objects.create(

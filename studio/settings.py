@@ -24,15 +24,18 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DEBUG = env_bool("DJANGO_DEBUG", False)
 
 
+# Where a generated key is kept: by default an ignored file in the checkout
+# (development, `make run`), in production the one the example environment
+# names. Several machines must share one key: set DJANGO_SECRET_KEY (or a
+# file they share) there. (MCP servers' sandboxes never show this file.)
+SECRET_KEY_FILE = Path(env_str("DJANGO_SECRET_KEY_FILE") or BASE_DIR / ".secret_key")
+
+
 def _secret_key() -> str:
     key = env_str("DJANGO_SECRET_KEY")
     if key:
         return key
-    # A generated key kept in a file: by default an ignored one in the
-    # checkout (development, `make run`), in production the one the example
-    # environment names. Several machines must share one key: set
-    # DJANGO_SECRET_KEY (or a file they share) there.
-    path = Path(env_str("DJANGO_SECRET_KEY_FILE") or BASE_DIR / ".secret_key")
+    path = SECRET_KEY_FILE
     try:
         key = path.read_text().strip()
     except FileNotFoundError:

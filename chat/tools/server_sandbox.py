@@ -107,7 +107,7 @@ def _studio_files() -> list[Path]:
     database = settings.DATABASES["default"]
     if database["ENGINE"].endswith("sqlite3"):
         own.append(Path(database["NAME"]))
-    own.append(Path(os.environ.get("DJANGO_SECRET_KEY_FILE") or settings.BASE_DIR / ".secret_key"))
+    own.append(settings.SECRET_KEY_FILE)
     return [Path(p).resolve() for p in own]
 
 
