@@ -9,7 +9,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 PYTEST_ARGS ?=
 
-.PHONY: run test lint fmt
+.PHONY: run test lint fmt fresh-host
 
 $(VENV)/.runtime: requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit("Studio needs Python 3.11+") if sys.version_info < (3, 11) else None'
@@ -37,6 +37,12 @@ test: $(VENV)/.dev
 	env -u DATABASE_URL -u REDIS_URL $(PY) -m pytest -m "not services" $(PYTEST_ARGS)
 	@echo "== pass 2: PostgreSQL + Redis ($(TEST_DATABASE_URL), $(TEST_REDIS_URL))"
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(PY) -m pytest -m "services or anydb" $(PYTEST_ARGS)
+
+# The README's Production steps, verbatim, on a bare Debian 12 booted under
+# systemd-nspawn, to a gated call through nginx (tests/fresh_host/run.py; root).
+fresh-host:
+	./scripts/ensure-system-packages debootstrap:debootstrap systemd-container:systemd-nspawn
+	$(PYTHON) tests/fresh_host/run.py
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .

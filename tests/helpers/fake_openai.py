@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -86,9 +87,18 @@ class Reply:
 
 
 class FakeOpenAI:
-    def __init__(self, models: tuple[str, ...] = ("fake-small", "fake-large")) -> None:
+    def __init__(
+        self,
+        models: tuple[str, ...] = ("fake-small", "fake-large"),
+        *,
+        port: int = 0,
+        respond: Callable[[dict], Reply] | None = None,
+    ) -> None:
         self.models = list(models)  # what GET /v1/models lists
         self.replies: list[Reply] = []
+        # Where scripted replies cannot know the order of requests (a title
+        # request beside the run's), a function picks each reply from its request.
+        self.respond = respond
         self.requests: list[dict] = []
         self.release = threading.Event()
         server = self
@@ -122,9 +132,12 @@ class FakeOpenAI:
                 payload = json.loads(self.rfile.read(length) or b"{}")
                 payload["_auth"] = self.headers.get("Authorization", "")
                 server.requests.append(payload)
-                reply = (
-                    server.replies.pop(0) if server.replies else Reply(chunks=content_chunks("ok"))
-                )
+                if server.respond is not None:
+                    reply = server.respond(payload)
+                elif server.replies:
+                    reply = server.replies.pop(0)
+                else:
+                    reply = Reply(chunks=content_chunks("ok"))
                 reply.arrived.set()
                 if reply.hang:
                     server.release.wait(30)
@@ -175,7 +188,7 @@ class FakeOpenAI:
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
