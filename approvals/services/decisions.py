@@ -108,13 +108,6 @@ class DecideResult:
 # --- reading ---------------------------------------------------------------
 
 
-def approval_get_for_user(*, approval_id: str, user) -> ToolApproval:
-    """The approval if ``user`` may see it: their conversation's, or one that waits
-    for a reviewer when they are one. Anything else is "not found"."""
-    _check_asker(approval_id, user)
-    return _visible(ToolApproval.objects.by_approval_id(approval_id), approval_id, user)
-
-
 def approval_now(approval_id: str) -> ToolApproval | None:
     """The row as it is now, with its conversation (None once deleted)."""
     return ToolApproval.objects.by_approval_id(approval_id)

@@ -156,9 +156,9 @@ class _Connection:
 
     @asynccontextmanager
     async def _transport(self):
+        import httpx2
         from mcp.client.stdio import StdioServerParameters, stdio_client
         from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
 
         if self.spec.command:
             command, *args = server_argv(
@@ -169,7 +169,9 @@ class _Connection:
                 async with stdio_client(params, errlog=errlog) as streams:
                     yield streams
         else:
-            async with create_mcp_http_client(headers=dict(self.spec.headers)) as http:
+            # The SDK's own defaults: a server may hold its response stream open.
+            timeout = httpx2.Timeout(30.0, read=300.0)
+            async with httpx2.AsyncClient(headers=dict(self.spec.headers), timeout=timeout) as http:
                 async with streamable_http_client(self.spec.url, http_client=http) as streams:
                     yield streams
 

@@ -173,9 +173,12 @@ def _describe_exit(code: int) -> str:
             return f"signal {signal.Signals(-code).name}"
         except ValueError:
             return f"signal {-code}"
-    if code > 128 and code - 128 in signal.Signals._value2member_map_:
+    if code > 128:
         # bwrap reports a program killed by a signal as 128 + signal.
-        return f"signal {signal.Signals(code - 128).name}"
+        try:
+            return f"signal {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
     return f"status {code}"
 
 
