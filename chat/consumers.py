@@ -32,6 +32,7 @@ class ChatConsumer(MemberSocket):
     """
 
     conversation_id: int | None = None
+    admitted: Conversation | None = None
 
     def admit(self) -> bool:
         conversation_id = int(self.scope["url_route"]["kwargs"]["conversation_id"])
@@ -40,6 +41,7 @@ class ChatConsumer(MemberSocket):
             return False
         self.conversation_id = conversation_id
         self.group = conversation.group_name
+        self.admitted = conversation  # the first catch-up's, read a moment ago
         # Off the loop, yet the socket's task keeps it: sync_to_async carries
         # context variables back to its caller.
         log_context_keep(user_id=self.user.pk, conversation_id=conversation_id)
@@ -50,7 +52,8 @@ class ChatConsumer(MemberSocket):
         return [self.group, *super().groups_to_join()]
 
     def state(self) -> list[str]:
-        conversation = _conversation_for(self.conversation_id, self.user)
+        conversation = self.admitted or _conversation_for(self.conversation_id, self.user)
+        self.admitted = None  # a later catch-up (Redis forgot the groups) reads it again
         if conversation is None:
             return []
         *transcript, last = render.catch_up(conversation)
