@@ -415,6 +415,41 @@
     if (evt.key === "Escape" && sidebar && sidebar.classList.contains("open")) drawer(false);
   });
 
+  // A chat's ⋯ menu floats by its button, below it or, near the bottom of
+  // the screen, above it; one is open at a time, and a click outside or
+  // Escape closes it (focus back on its button).
+  function placeMenu(menu) {
+    var body = menu.querySelector(".item-menu-body");
+    var at = menu.querySelector("summary").getBoundingClientRect();
+    var width = body.offsetWidth, height = body.offsetHeight;
+    var left = Math.max(8, Math.min(at.right - width, window.innerWidth - width - 8));
+    var below = window.innerHeight - at.bottom;
+    var top = below >= height + 8 || below >= at.top ? at.bottom + 4 : at.top - height - 4;
+    body.style.left = left + "px";
+    body.style.top = Math.max(8, top) + "px";
+  }
+  function openMenus() {
+    return Array.prototype.slice.call(document.querySelectorAll("details.item-menu[open]"));
+  }
+  document.addEventListener("toggle", function (evt) {
+    var menu = evt.target;
+    if (!menu.classList || !menu.classList.contains("item-menu") || !menu.open) return;
+    openMenus().forEach(function (other) { if (other !== menu) other.open = false; });
+    placeMenu(menu);
+  }, true);
+  document.addEventListener("click", function (evt) {
+    openMenus().forEach(function (menu) { if (!menu.contains(evt.target)) menu.open = false; });
+  });
+  document.addEventListener("keydown", function (evt) {
+    if (evt.key !== "Escape") return;
+    var menus = openMenus();
+    if (!menus.length) return;
+    evt.stopImmediatePropagation();  // the menu closes, not the drawer around it
+    menus.forEach(function (menu) { menu.open = false; menu.querySelector("summary").focus(); });
+  }, true);
+  window.addEventListener("resize", function () { openMenus().forEach(placeMenu); });
+  document.addEventListener("scroll", function () { openMenus().forEach(placeMenu); }, true);
+
   // A sidebar form the server refused (an empty name, a chat whose run goes
   // on): its reason, in the form.
   function formRefused(evt) {

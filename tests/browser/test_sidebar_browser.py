@@ -52,6 +52,31 @@ def no_sideways_scroll(page, width: int) -> None:
     assert page.evaluate("document.documentElement.scrollWidth") <= width, wide
 
 
+def opens_in_place(page, row, width: int) -> None:
+    """The ⋯ menu floats by its button: opening it moves neither the button
+    nor the chat below; it is on screen whole; Escape closes it, not the drawer."""
+    page.wait_for_function("document.getAnimations().length === 0")  # the drawer has slid in
+    summary = row.locator("summary")
+    below = row.locator("xpath=following-sibling::li[1]")
+    before = summary.bounding_box(), below.bounding_box() if below.count() else None
+    summary.click()
+    menu = row.locator(".item-menu-body")
+    menu.wait_for()
+    after = summary.bounding_box(), below.bounding_box() if below.count() else None
+    assert abs(before[0]["x"] - after[0]["x"]) < 1 and abs(before[0]["y"] - after[0]["y"]) < 1
+    if before[1] is not None:
+        assert abs(before[1]["y"] - after[1]["y"]) < 1, "the menu pushed the list down"
+    box = menu.bounding_box()
+    viewport = page.viewport_size
+    assert box["x"] >= 0 and box["x"] + box["width"] <= width, box
+    assert box["y"] >= 0 and box["y"] + box["height"] <= viewport["height"], box
+    no_sideways_scroll(page, width)
+    page.keyboard.press("Escape")
+    menu.wait_for(state="hidden")
+    assert page.evaluate("document.activeElement.tagName") == "SUMMARY"
+    assert page.locator("#sidebar").is_visible()
+
+
 @pytest.mark.parametrize("width", [390, 1024, 1280])
 def test_switch_search_rename_archive_and_delete_from_the_sidebar(
     sized, studio_server, member, width
@@ -83,6 +108,7 @@ def test_switch_search_rename_archive_and_delete_from_the_sidebar(
     # Rename the chat on screen: the list and its heading follow.
     open_sidebar(page, width)
     row = item(page, "Animals")
+    opens_in_place(page, row, width)
     row.locator("summary").click()
     row.locator("input[name=title]").fill("   ")
     row.locator("button", has_text="Rename").click()
@@ -106,10 +132,14 @@ def test_switch_search_rename_archive_and_delete_from_the_sidebar(
     no_sideways_scroll(page, width)
     close_sidebar(page, width)
 
-    # Delete the chat on screen: confirmed, then back to the list.
+    # Delete the chat on screen: confirmed, then back to the list. Unticked,
+    # the form says what to do (in words of its own, not the browser's).
     open_sidebar(page, width)
     row = item(page, "Zoo trip")
     row.locator("summary").click()
+    row.locator("button", has_text="Delete").click()
+    row.locator(".form-error", has_text="Tick the box to confirm the delete.").wait_for()
+    assert Conversation.objects.get(pk=zoo.pk).deleted_at is None
     row.locator("input[name=confirm]").check()
     row.locator("button", has_text="Delete").click()
     page.wait_for_url(studio_server.url + "/")
