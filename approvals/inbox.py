@@ -81,11 +81,21 @@ def count_badge(count: int, *, oob: bool = True) -> str:
     return render_to_string("approvals/_inbox_count.html", {"inbox_count": count, "oob": oob})
 
 
+def decided_by_me(user) -> str:
+    """The inbox's "Decided by me", to swap in for the one on the page."""
+    return render_to_string(
+        "approvals/_decided_by_me.html", {"decided": decided_by(user), "oob": True}
+    )
+
+
 def inbox_state(user) -> str:
-    """What a socket sends on every connect: the count, and (inbox page) every entry."""
+    """What a socket sends on every connect: the count, and (inbox page) every
+    entry and what the member decided (a decision may have come in between)."""
     entries = [entry_context(a, user) for a in inbox_queryset(user)]
-    return count_badge(inbox_count(user)) + render_to_string(
-        "approvals/_inbox_list.html", {"entries": entries, "oob": True}
+    return (
+        count_badge(inbox_count(user))
+        + render_to_string("approvals/_inbox_list.html", {"entries": entries, "oob": True})
+        + decided_by_me(user)
     )
 
 
@@ -103,9 +113,12 @@ def inbox_change(user, *, approval_id: str, pending: bool) -> str:
             .filter(approval_id=approval_id)
             .first()
         )
-        return html + render_to_string(
+        html += render_to_string(
             "approvals/_inbox_decided.html", {"approval": approval, "approval_id": approval_id}
         )
+        if approval is not None and approval.decided_by_id == user.pk:
+            html += decided_by_me(user)  # from this page, another tab or the chat
+        return html
     approval = inbox_queryset(user).filter(approval_id=approval_id).first()
     if approval is None:
         return html  # decided already, or not this member's to see
