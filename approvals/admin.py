@@ -281,7 +281,7 @@ class ToolApprovalAdmin(admin.ModelAdmin):
     @admin.display(description="conversation", ordering="conversation__title")
     def chat(self, obj: ToolApproval) -> str:
         title = obj.conversation.title
-        return format_html('<span title="{}">{}</span>', title, short(title, 22))
+        return format_html('<span title="{}">{}</span>', title, short(title, 44))
 
     # -- the detail page -----------------------------------------------------------------
 
