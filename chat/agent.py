@@ -28,9 +28,10 @@ model turn, no card, no tool.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from django.conf import settings
@@ -157,8 +158,11 @@ class Agent:
         enabled_tools: list[str] | None = None,
         toolbox: Toolbox | None = None,
         knobs: AgentSettings | None = None,
+        live: Callable[[int, str, str], None] | None = None,
     ) -> None:
         self.conversation = conversation
+        # Hears a running call's latest output: (its turn's message id, call id, text).
+        self.live = live
         self.model = model
         self.cancel = cancel
         self.user = user
@@ -501,12 +505,16 @@ class Agent:
         started = time.monotonic()
         self.ran_tools = True
         release_connection()  # (as for the model: a tool may take minutes)
+        progress = None
+        if self.live is not None:
+            progress = functools.partial(self.live, self.turn.pk, call.id)
         result = self.toolbox.tools[call.name].execute(
             arguments,
             cancel=self.cancel,
             timeout=self.knobs.tool_timeout,
             workspace=self.workspace,
             fresh=approval.fresh_interpreter,
+            progress=progress,
         )
         seconds = time.monotonic() - started
         TOOL_CALL_SECONDS.labels(call.name, "ok" if result.ok else "error").observe(seconds)

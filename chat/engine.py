@@ -371,6 +371,7 @@ class Stepper:
                 # MCP servers never reached yet are asked for their tools now,
                 # on this worker thread (lazily, and never on a page load).
                 toolbox=toolbox_for(conversation, connect=True),
+                live=publisher.live_output,
             )
             for event in agent.events():
                 if isinstance(event, events.Wait):
@@ -511,6 +512,12 @@ class Publisher:
         self.last_flush = time.monotonic()
         self.outbox.group(self.group, {"type": "chat.fragment", "html": html}, wait=self.urgent)
         self.urgent = False
+
+    def live_output(self, message_id: int, call_id: str, text: str) -> None:
+        """A running call's latest output, on its card (from the call's own thread,
+        which is this step's: the sandbox's watch hands it over)."""
+        self.send(render.tool_live(message_id, call_id, text))
+        self.flush()
 
     def event(self, event: events.Event) -> None:
         match event:

@@ -126,6 +126,28 @@ def stream_drop(stream_id: str) -> str:
     return f'<div id="{stream_id}" hx-swap-oob="delete"></div>'
 
 
+# The last lines of a running call's output its card shows.
+LIVE_LINES = 30
+
+
+def tool_live(message_id: int, call_id: str, text: str) -> str:
+    """A running call's card: still running, with the last lines it printed."""
+    lines = text.splitlines()
+    shown = "\n".join(lines[-LIVE_LINES:])
+    if len(lines) > LIVE_LINES and not shown.startswith("…"):
+        shown = "…\n" + shown
+    return render_to_string(
+        "chat/_tool_output.html",
+        {
+            "dom_id": tool_dom_id(message_id, call_id),
+            "call_id": call_id,
+            "running": True,
+            "live": shown,
+            "oob": True,
+        },
+    )
+
+
 # The run's status line and controls are sent several times per run, and
 # each depends on its arguments alone: rendered once (a template edited
 # under DEBUG shows after a restart).

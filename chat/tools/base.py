@@ -37,13 +37,17 @@ class ToolResult:
 
 
 RunFn = Callable[..., ToolResult]
+# A running call's latest output (its last screenful), for its card; called
+# from the thread the call runs on, a few times a second at most.
+Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class Tool:
     """A tool the agent may call: its schema for the model and how to run it.
 
-    ``run(arguments, *, cancel, timeout, workspace) -> ToolResult``. ``server``
+    ``run(arguments, *, cancel, timeout, workspace) -> ToolResult``, and
+    ``progress=`` too where ``live`` (its output shows while it runs). ``server``
     and ``hints`` describe tools of MCP servers (shown on the card; never
     trusted to skip the gate).
     """
@@ -63,6 +67,8 @@ class Tool:
     # A tool that keeps state between calls: how a call runs in a fresh
     # interpreter instead, when its decision says so.
     run_fresh: RunFn | None = None
+    # Its run (and run_fresh) take ``progress``: its output shows while it runs.
+    live: bool = False
 
     def subject(self, arguments: dict) -> str:
         value = arguments.get(self.subject_argument) if self.subject_argument else None
@@ -120,12 +126,14 @@ class Tool:
         timeout: float,
         workspace: Path,
         fresh: bool = False,
+        progress: Progress | None = None,
     ) -> ToolResult:
         problem = self.validate(arguments)
         if problem:
             return ToolResult.error(f"{problem}.")
         run = self.run_fresh if fresh and self.run_fresh is not None else self.run
+        live = {"progress": progress} if self.live and progress is not None else {}
         try:
-            return run(arguments, cancel=cancel, timeout=timeout, workspace=workspace)
+            return run(arguments, cancel=cancel, timeout=timeout, workspace=workspace, **live)
         except Exception as exc:  # a tool bug must not kill the run
             return ToolResult.error(f"the {self.name} tool failed: {type(exc).__name__}: {exc}")

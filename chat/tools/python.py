@@ -7,7 +7,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from chat.tools.base import Tool, ToolResult
+from chat.tools.base import Progress, Tool, ToolResult
 from chat.tools.sandbox import run_tool, sandbox_python
 from chat.tools.sessions import SESSIONS
 from studio.cancel import CancelToken
@@ -111,7 +111,14 @@ _studio_serve()
 )
 
 
-def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> ToolResult:
+def run(
+    arguments: dict,
+    *,
+    cancel: CancelToken,
+    timeout: float,
+    workspace: Path,
+    progress: Progress | None = None,
+) -> ToolResult:
     if settings.STUDIO_PYTHON_SESSIONS:
         return SESSIONS.run(
             arguments["code"],
@@ -119,20 +126,30 @@ def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path
             timeout=timeout,
             cancel=cancel,
             argv=[sandbox_python(), "-I", "-u", "-c", KERNEL],
+            progress=progress,
         )
-    return run_alone(arguments, cancel=cancel, timeout=timeout, workspace=workspace)
+    return run_alone(
+        arguments, cancel=cancel, timeout=timeout, workspace=workspace, progress=progress
+    )
 
 
 def run_alone(
-    arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path
+    arguments: dict,
+    *,
+    cancel: CancelToken,
+    timeout: float,
+    workspace: Path,
+    progress: Progress | None = None,
 ) -> ToolResult:
     """In an interpreter of its own: no earlier call shaped it (the chat's session lives on)."""
     return run_tool(
-        [sandbox_python(), "-I", "-c", PRELUDE],
+        # Unbuffered: what it prints shows on its card as it prints it.
+        [sandbox_python(), "-I", "-u", "-c", PRELUDE],
         workspace=workspace,
         timeout=timeout,
         cancel=cancel,
         stdin=arguments["code"],
+        progress=progress,
     )
 
 
@@ -153,6 +170,7 @@ TOOL = Tool(
     },
     run=run,
     run_fresh=run_alone,
+    live=True,
     subject_argument="code",
 )
 

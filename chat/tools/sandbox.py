@@ -53,6 +53,7 @@ import tempfile
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path, PurePosixPath
@@ -60,7 +61,7 @@ from typing import IO
 
 from django.conf import settings
 
-from chat.tools.base import ToolResult
+from chat.tools.base import Progress, ToolResult
 from chat.tools.images import keep, notice_for, produced, snapshot
 from studio.cancel import CancelToken
 from studio.metrics import SANDBOX_FAILURES
@@ -73,6 +74,10 @@ OUTPUT_CAP = 64 * 1024
 # An output cut at OUTPUT_CAP is kept whole, up to this, as a workspace file.
 WHOLE_OUTPUT_CAP = 16 * 1024 * 1024
 WHOLE_OUTPUT_DIR = "tool-output"
+# A running call's latest output goes to its card at most this often, and
+# only its last LIVE_BYTES: enough for the last screenful.
+LIVE_SECONDS = 0.25
+LIVE_BYTES = 8 * 1024
 SANDBOX_UID_BASE = 200_000
 MB = 1024 * 1024
 _CONVERSATION_DIR = re.compile(r"^conversation-(\d+)$")
@@ -723,8 +728,10 @@ def run_sandboxed(
     cancel: CancelToken | None = None,
     stdin: str | None = None,
     limits: Limits | None = None,
+    progress: Progress | None = None,
 ) -> SandboxResult:
-    """Run ``argv`` isolated; raises ``SandboxUnavailable`` when it cannot be."""
+    """Run ``argv`` isolated; raises ``SandboxUnavailable`` when it cannot be.
+    ``progress`` hears its latest output while it runs."""
     limits = limits or default_limits()
     prepared = prepare(argv, workspace=workspace, limits=limits, cpu_seconds=int(timeout) + 1)
     try:
@@ -738,6 +745,7 @@ def run_sandboxed(
             limits=limits,
             cgroup=prepared.cgroup,
             used=prepared.used,
+            progress=progress,
         )
     finally:
         prepared.release()
@@ -904,6 +912,7 @@ def _run(
     cgroup: CallCgroup | None,
     used: int,
     pass_fds: tuple[int, ...] = (),
+    progress: Progress | None = None,
 ) -> SandboxResult:
     proc = subprocess.Popen(  # noqa: S603 - argv is built here, never a shell string
         command,
@@ -934,7 +943,10 @@ def _run(
             pass
 
     quota = QuotaWatch(workspace, limits.workspace_bytes, used=used)
-    timed_out, cancelled, over_quota = watch(proc, timeout=timeout, cancel=cancel, quota=quota)
+    live = LiveOutput(sink, progress) if progress is not None else None
+    timed_out, cancelled, over_quota = watch(
+        proc, timeout=timeout, cancel=cancel, quota=quota, tick=live
+    )
     # bubblewrap's PID namespace dies with its init: killing the session
     # takes every process the program started, whatever it did to detach.
     kill_session(proc)
@@ -961,8 +973,10 @@ def watch(
     cancel: CancelToken | None,
     quota: QuotaWatch,
     ended: threading.Event | None = None,
+    tick: Callable[[float], None] | None = None,
 ) -> tuple[bool, bool, bool]:
-    """Until the process exits (or ``ended`` is set): (timed out, cancelled, over its quota)."""
+    """Until the process exits (or ``ended`` is set): (timed out, cancelled, over its
+    quota). ``tick`` is called with the time between its looks (the live output)."""
     deadline = time.monotonic() + timeout
     while True:
         step = max(0.005, min(0.05, quota.next_check - time.monotonic()))
@@ -975,6 +989,8 @@ def watch(
         elif ended.wait(step) or proc.poll() is not None:
             break
         now = time.monotonic()
+        if tick is not None:
+            tick(now)
         if cancel is not None and cancel.is_set():
             return False, True, False
         if now >= deadline:
@@ -993,8 +1009,11 @@ class OutputSink:
         self.kept = 0
         self.dropped = 0
         self.whole: IO[bytes] | None = None
+        self.latest = bytearray()  # its last LIVE_BYTES, past the cap too
 
     def add(self, block: bytes) -> None:
+        self.latest += block[-LIVE_BYTES:]
+        del self.latest[:-LIVE_BYTES]
         room = OUTPUT_CAP - self.kept
         if room > 0:
             self.chunks.append(block[:room])
@@ -1010,6 +1029,31 @@ class OutputSink:
 
     def text(self) -> str:
         return strip_nul(b"".join(self.chunks).decode("utf-8", errors="replace"))
+
+
+class LiveOutput:
+    """Hands a running call's latest output to ``progress`` when it grew, at most
+    every LIVE_SECONDS (the first after LIVE_SECONDS: a quick call shows only
+    its result). Called from the thread that watches the call."""
+
+    def __init__(self, sink: OutputSink, progress: Progress) -> None:
+        self.sink, self.progress = sink, progress
+        self.shown = 0
+        self.at = time.monotonic()
+
+    def __call__(self, now: float) -> None:
+        seen = self.sink.kept + self.sink.dropped
+        if seen == self.shown or now - self.at < LIVE_SECONDS:
+            return
+        self.shown, self.at = seen, now
+        latest = bytes(self.sink.latest)  # one copy: the reader thread appends meanwhile
+        text = strip_nul(latest.decode("utf-8", errors="replace"))
+        if seen > len(latest):
+            text = "…" + text.lstrip("\ufffd")  # the start of a character may be cut
+        try:
+            self.progress(text)
+        except Exception:  # the card missing a frame must not stop the call
+            logger.warning("live output of a call was not sent", exc_info=True)
 
 
 class QuotaWatch:

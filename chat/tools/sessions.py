@@ -33,9 +33,10 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
-from chat.tools.base import ToolResult
+from chat.tools.base import Progress, ToolResult
 from chat.tools.images import snapshot
 from chat.tools.sandbox import (
+    LiveOutput,
     OutputSink,
     Prepared,
     QuotaWatch,
@@ -104,10 +105,14 @@ class Session:
         while True:
             at = data.find(self.marker)
             if at < 0:
-                # Keep back what could be the start of a marker split across reads.
-                keep = len(self.marker) + 32
-                self._emit(data[:-keep] if len(data) > keep else b"")
-                return data[-keep:] if len(data) > keep else data
+                # Keep back only what could be the start of a marker split across
+                # reads (from its first byte on): the rest shows live at once.
+                start = data.rfind(self.marker[:1], max(0, len(data) - len(self.marker)))
+                if start < 0:
+                    self._emit(data)
+                    return b""
+                self._emit(data[:start])
+                return data[start:]
             line_end = data.find(b"\n", at)
             if line_end < 0:
                 self._emit(data[:at])
@@ -156,7 +161,14 @@ class Sessions:
         self.is_current: Callable[[Path, datetime], bool] = lambda workspace, started: True
 
     def run(
-        self, code: str, *, workspace: Path, timeout: float, cancel: CancelToken, argv: list[str]
+        self,
+        code: str,
+        *,
+        workspace: Path,
+        timeout: float,
+        cancel: CancelToken,
+        argv: list[str],
+        progress: Progress | None = None,
     ) -> ToolResult:
         """Run ``code`` in the workspace's session (started if need be)."""
         fresh = False
@@ -180,7 +192,9 @@ class Sessions:
             self._make_room()
             self._reap_later()
         with session.lock:
-            result, ended = self._call(session, code, timeout=timeout, cancel=cancel)
+            result, ended = self._call(
+                session, code, timeout=timeout, cancel=cancel, progress=progress
+            )
         if ended:
             self.end(workspace, session)
         text = result.text + (FRESH_TEXT if fresh else "") + (ENDED_TEXT if ended else "")
@@ -226,7 +240,13 @@ class Sessions:
         return session
 
     def _call(
-        self, session: Session, code: str, *, timeout: float, cancel: CancelToken
+        self,
+        session: Session,
+        code: str,
+        *,
+        timeout: float,
+        cancel: CancelToken,
+        progress: Progress | None = None,
     ) -> tuple[ToolResult, bool]:
         """(The call's result, whether the session ended with it.)"""
         limits = default_limits()
@@ -238,7 +258,8 @@ class Sessions:
                 session.stray,
             )
             session.stray = 0
-        session.sink, session.status = OutputSink(), None
+        sink = session.sink = OutputSink()
+        session.status = None
         session.calls += 1
         session.ended.clear()
         payload = code.encode("utf-8", errors="replace")
@@ -249,8 +270,14 @@ class Sessions:
         except (BrokenPipeError, OSError):
             pass  # it died meanwhile: the watch sees it exit
         quota = QuotaWatch(session.workspace, limits.workspace_bytes, used=session.prepared.used)
+        live = LiveOutput(sink, progress) if progress is not None else None
         timed_out, cancelled, over_quota = watch(
-            session.proc, timeout=timeout, cancel=cancel, quota=quota, ended=session.ended
+            session.proc,
+            timeout=timeout,
+            cancel=cancel,
+            quota=quota,
+            ended=session.ended,
+            tick=live,
         )
         # Stop also ends the session (from another thread): it may have killed the
         # interpreter before the watch saw the cancel, and that is still a stop.

@@ -4,18 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chat.tools.base import Tool, ToolResult
+from chat.tools.base import Progress, Tool, ToolResult
 from chat.tools.sandbox import run_tool
 from studio.cancel import CancelToken
 from studio.shell import read_command_line
 
 
-def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path) -> ToolResult:
+def run(
+    arguments: dict,
+    *,
+    cancel: CancelToken,
+    timeout: float,
+    workspace: Path,
+    progress: Progress | None = None,
+) -> ToolResult:
     return run_tool(
         ["/bin/bash", "-c", arguments["command"]],
         workspace=workspace,
         timeout=timeout,
         cancel=cancel,
+        progress=progress,
     )
 
 
@@ -34,6 +42,7 @@ TOOL = Tool(
         "additionalProperties": False,
     },
     run=run,
+    live=True,
     subject_argument="command",
     read_subject=read_command_line,
 )

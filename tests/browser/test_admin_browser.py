@@ -65,7 +65,8 @@ def test_the_approvals_list_fits_1280_px(page, studio_server, audit_rows, artifa
     title = page.locator("td.field-chat span").first
     assert title.get_attribute("title").startswith("A very long conversation title")
     lines = title.evaluate(
-        "s => Math.round(s.getBoundingClientRect().height / parseFloat(getComputedStyle(s).lineHeight))"
+        "s => Math.round(s.getBoundingClientRect().height"
+        " / parseFloat(getComputedStyle(s).lineHeight))"
     )
     assert lines == 2, lines
     assert title.evaluate("s => s.scrollWidth <= s.clientWidth")  # nothing cut sideways

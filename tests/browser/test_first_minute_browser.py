@@ -109,3 +109,28 @@ def test_a_phone_shows_no_key_hints_and_a_placeholder_that_fits(browser, studio_
         run_finished(page)
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_a_running_call_shows_its_output_as_it_comes(
+    sized, studio_server, member, width, artifacts
+):
+    """Issue 55: a long call is seen working; its last lines show on its card
+    while it runs, then its whole result takes their place."""
+    page = sized
+    page.set_viewport_size({"width": width, "height": HEIGHT})
+    login(page, studio_server)
+    new_chat(page)
+    card = card_for(page, "$ for i in $(seq 1 8); do echo line-$i; sleep 0.4; done")
+    card.locator("button[value=allow]").click()
+    live = page.locator("pre.live-output", has_text="line-2")
+    live.wait_for()
+    # Seen while it runs: not the end yet, and the spinner is still there.
+    assert "line-8" not in live.inner_text()
+    assert page.locator(".tool-running").is_visible()
+    assert in_view(page, "pre.live-output")
+    page.screenshot(path=str(artifacts / f"55-live-output-{width}.png"))
+    page.locator(".tool-result pre", has_text="line-8").wait_for()
+    run_finished(page)
+    assert page.locator("pre.live-output").count() == 0
+    assert page.locator(".tool-result pre").first.inner_text().startswith("line-1")

@@ -402,3 +402,47 @@ def test_a_workspace_git_config_cannot_turn_git_status_into_a_program(workspace)
     pinned = terminal("rm MONITORED; git status; git log; ls", workspace)
     assert "MONITORED" not in pinned
     assert "No commits yet" in pinned or "does not have any commits" in pinned
+
+
+@pytest.mark.parametrize("tool", ["python", "terminal"])
+def test_a_running_call_hands_over_its_latest_output_a_few_times_a_second(
+    workspace, python_mode, tool
+):
+    """Issue 55's live output: while the call runs, its last screenful goes to
+    ``progress`` when it grew, never more often than LIVE_SECONDS."""
+    heard: list[tuple[float, str]] = []
+    started = time.monotonic()
+    code = {
+        "python": "import time\nfor i in range(8):\n    print('line', i)\n    time.sleep(0.2)\n",
+        "terminal": "for i in $(seq 0 7); do echo line $i; sleep 0.2; done",
+    }[tool]
+    argument = "code" if tool == "python" else "command"
+    result = builtin_tools()[tool].execute(
+        {argument: code},
+        cancel=CancelToken(),
+        timeout=TIMEOUT,
+        workspace=workspace,
+        progress=lambda text: heard.append((time.monotonic(), text)),
+    )
+    assert result.ok and "line 7" in result.text, result.text
+    assert len(heard) >= 3, heard  # about 1.6 s of output, at most every 0.25 s
+    assert heard[0][1].startswith("line 0") and "line 7" not in heard[0][1]
+    texts = [text for _, text in heard]
+    assert texts == sorted(texts, key=len) and len(set(texts)) == len(texts)  # grew each time
+    gaps = [b - a for (a, _), (b, _) in zip([(started, "")] + heard, heard, strict=False)]
+    assert min(gaps) >= sandbox.LIVE_SECONDS - 0.01, gaps
+
+
+def test_live_output_is_the_latest_past_the_cap(workspace):
+    """A call printing more than the chat keeps still shows its newest lines live."""
+    heard: list[str] = []
+    command = "head -c 200000 /dev/zero | tr '\\0' x; echo; sleep 0.5; echo the-end; sleep 0.5"
+    builtin_tools()["terminal"].execute(
+        {"command": command},
+        cancel=CancelToken(),
+        timeout=TIMEOUT,
+        workspace=workspace,
+        progress=heard.append,
+    )
+    assert any(text.rstrip().endswith("the-end") for text in heard), [t[-40:] for t in heard]
+    assert all(len(text.encode()) <= sandbox.LIVE_BYTES + 3 for text in heard)
