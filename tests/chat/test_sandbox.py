@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -211,7 +212,7 @@ def test_tmp_dirs_are_private_to_the_call_and_capped(workspace, path):
     out = terminal(f"echo secret > {path}/{name} && ls {path}", workspace)
     assert out.split() == [name], out
     # Not on the host, and not in the next call.
-    assert not (sandbox.Path(path) / name).exists()
+    assert not (Path(path) / name).exists()
     assert terminal(f"ls -A {path}", workspace) == "(no output)"
     # Size-capped: 64 MB by default, so ten files of 10 MB do not fit.
     out = terminal(
@@ -332,7 +333,7 @@ def test_forks_are_capped_per_call(workspace, python_mode):
 
 
 def test_without_bubblewrap_tools_refuse_with_what_to_install(workspace, monkeypatch):
-    monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)
+    monkeypatch.setattr(sandbox.host, "bwrap_path", lambda: None)
     out = python("print('ran')", workspace)
     assert out == sandbox.INSTALL_HINT
     assert "apt-get install bubblewrap" in out and "STUDIO_SANDBOX=none" in out
