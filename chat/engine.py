@@ -22,6 +22,7 @@ process sees them.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import secrets
 import time
@@ -40,6 +41,7 @@ from chat.llm import get_model
 from chat.models import Conversation, Message, Run
 from chat.runs.local import LocalRun, local_runs
 from chat.services import (
+    Claim,
     Fenced,
     ForkRefused,
     RunBusy,
@@ -248,6 +250,26 @@ def cancel_from_message(message: dict) -> None:
 # --- driving ------------------------------------------------------------------------------
 
 
+class Start(enum.Enum):
+    """How a step starts, which says what it first tells the run's tabs."""
+
+    # This process launched it: the member's message (if any) and Stop.
+    LAUNCHED = "launched"
+    # Another process created it and handed it over before any step: the
+    # tabs redraw the chat with its message (or its fork) in it, and Stop.
+    HANDED_OVER = "handed over"
+    # Its process exited or died mid-step: "the server restarted", and Stop.
+    TAKEN_OVER = "taken over"
+    # A decision, a timeout or Stop woke it: the tabs know it already.
+    CONTINUED = "continued"
+
+    @classmethod
+    def of(cls, claim: Claim) -> Start:
+        if claim.started:
+            return cls.HANDED_OVER
+        return cls.TAKEN_OVER if claim.resumed else cls.CONTINUED
+
+
 def _drive(rt: Runtime, run_id: str, *, launched: tuple | None = None) -> None:
     """(An agent-pool thread.) Claim the run, step it until it waits or ends, let it go."""
     local_runs(rt).unqueue(run_id)
@@ -258,22 +280,16 @@ def _drive(rt: Runtime, run_id: str, *, launched: tuple | None = None) -> None:
             if launched is not None:
                 runs_abandon(run_ids=[run_id], owner=owner)  # another process starts it
             return
-        redraw = False
         if launched is not None:
-            run, first = launched
-            resumed = False
-            announce = True
+            (run, first), start = launched, Start.LAUNCHED
         else:
             claim = run_claim(run_id=run_id, owner=owner)
             if claim is None:
                 return  # someone else steps it, it ended, or it cannot go on yet
-            run, first, resumed = claim.run, None, claim.resumed
-            # A run handed over at its start: this step announces it, and the
-            # tabs redraw the chat with its message (or its fork) in it.
-            redraw = announce = claim.started
+            run, first, start = claim.run, None, Start.of(claim)
         ids = {"run_id": run_id, "conversation_id": run.conversation_id}
         with log_context(**ids, user_id=run.started_by_id):
-            _step_until_it_waits(rt, run, first, resumed, announce, redraw=redraw)
+            _step_until_it_waits(rt, run, start, first=first)
     except Exception:
         logger.exception("run %s: driver failed", run_id)
     finally:
@@ -281,13 +297,7 @@ def _drive(rt: Runtime, run_id: str, *, launched: tuple | None = None) -> None:
 
 
 def _step_until_it_waits(
-    rt: Runtime,
-    run: Run,
-    first: Message | None,
-    resumed: bool,
-    announce: bool,
-    *,
-    redraw: bool = False,
+    rt: Runtime, run: Run, start: Start, *, first: Message | None = None
 ) -> None:
     """Step the claimed run, again while a decision lands as it lets go; then let it go."""
     run_id, owner = str(run.pk), rt.inbox.name
@@ -297,9 +307,7 @@ def _step_until_it_waits(
             local.cancel.cancel()
         local_runs(rt).begin(local)
         try:
-            waiting_on = Stepper(
-                local, run, first=first, resumed=resumed, announce=announce, redraw=redraw
-            ).step()
+            waiting_on = Stepper(local, run, start, first=first).step()
         finally:
             local_runs(rt).end(run_id)
         if waiting_on is None or not run_release(
@@ -314,30 +322,19 @@ def _step_until_it_waits(
         claim = run_claim(run_id=run_id, owner=owner)
         if claim is None:
             return
-        run, first, resumed, announce, redraw = claim.run, None, False, False, False
+        run, first, start = claim.run, None, Start.CONTINUED
 
 
 class Stepper:
     """One step of a run on a worker thread; publishes its events as fragments."""
 
     def __init__(
-        self,
-        local: LocalRun,
-        run: Run,
-        *,
-        first: Message | None = None,
-        resumed: bool = False,
-        announce: bool = False,
-        redraw: bool = False,
+        self, local: LocalRun, run: Run, start: Start, *, first: Message | None = None
     ) -> None:
         self.local = local
         self.run = run
-        self.first = first
-        # The tabs redraw the whole chat first (a run started by another process).
-        self.redraw = redraw
-        self.resumed = resumed
-        # Tell the tabs the run goes (a new run, or one taken over).
-        self.announce = announce or resumed
+        self.start = start
+        self.first = first  # the member's message that launched it
         self.agent: Agent | None = None
         self.publisher: Publisher | None = None
         self.status, self.error = Run.Status.DONE, ""
@@ -346,19 +343,19 @@ class Stepper:
         """Step until a call waits (returns its approval id) or the run ends (None)."""
         conversation = self.run.conversation
         publisher = self.publisher = Publisher(conversation, self.run)
-        if self.redraw:
+        if self.start is Start.HANDED_OVER:
             *earlier, last = render.transcript_frames(conversation)
             for frame in earlier:  # a long chat: each part a message of its own
                 publisher.send(frame)
                 publisher.flush()
             publisher.send(last + render.title(conversation.title))
-        elif self.first is not None:
+        elif self.start is Start.LAUNCHED and self.first is not None:
             publisher.send(render.appended(render.message(MessageView.of(self.first))))
             # The first message names the conversation; every open tab shows it.
             publisher.send(render.title(conversation.title))
-        elif self.resumed:
+        elif self.start is Start.TAKEN_OVER:
             publisher.send(render.notice(RESUMED_TEXT, level="info"))
-        if self.announce:
+        if self.start is not Start.CONTINUED:
             publisher.send(render.run_controls(running=True, conversation_id=conversation.pk))
             publisher.flush()
         try:
