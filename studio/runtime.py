@@ -239,11 +239,6 @@ class Outbox:
             try:
                 if item[0] != "mark":  # a mark only says that all before it went
                     await self._deliver(item)
-                if item[3] is not None:
-                    # Let the local consumers forward it to their sockets
-                    # before the waiting run takes the GIL back.
-                    for _ in range(4):
-                        await asyncio.sleep(0)
             finally:
                 if item[3] is not None:
                     item[3].set_result(None)
