@@ -9,7 +9,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 PYTEST_ARGS ?=
 
-.PHONY: run test lint fmt fresh-host
+.PHONY: run test lint fmt fresh-host screenshots
 
 $(VENV)/.runtime: requirements.txt
 	@$(PYTHON) -c 'import sys; sys.exit("Studio needs Python 3.11+") if sys.version_info < (3, 11) else None'
@@ -43,6 +43,11 @@ test: $(VENV)/.dev
 fresh-host:
 	./scripts/ensure-system-packages debootstrap:debootstrap systemd-container:systemd-nspawn
 	$(PYTHON) tests/fresh_host/run.py
+
+# The README's screenshots (docs/screenshots/), taken by the browser tests.
+screenshots: $(VENV)/.dev
+	env -u DATABASE_URL -u REDIS_URL STUDIO_UPDATE_SCREENSHOTS=1 $(PY) -m pytest -m browser -q \
+		-k "pending or allow or plot or inbox_filters or approvals_list_fits_1280 or dashboard_draws or running_call"
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .

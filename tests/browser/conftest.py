@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,21 @@ from tests.helpers.live import LiveServer
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
+# The screens the README shows (docs/screenshots/): the browser tests take
+# them; ``make screenshots`` runs those tests with STUDIO_UPDATE_SCREENSHOTS=1
+# and they are copied there (not on every run: each would differ by its clock).
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+README_SCREENS = (
+    "02-pending-card.png",
+    "04-allowed-output.png",
+    "22-plot-inline.png",
+    "42-inbox-1280.png",
+    "42-inbox-390.png",
+    "50-admin-list-1280.png",
+    "51-dashboard-30-days.png",
+    "55-live-output-390.png",
+    "55-live-output-1280.png",
+)
 
 
 def pytest_collection_modifyitems(items):
@@ -22,7 +39,14 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def artifacts() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
-    return ARTIFACTS
+    started = time.time()
+    yield ARTIFACTS
+    if os.environ.get("STUDIO_UPDATE_SCREENSHOTS") == "1":
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        for name in README_SCREENS:
+            taken = ARTIFACTS / name
+            if taken.exists() and taken.stat().st_mtime >= started:
+                shutil.copyfile(taken, SCREENSHOTS / name)
 
 
 @pytest.fixture(scope="module")
