@@ -9,12 +9,20 @@ from chat import render
 from chat.engine import run_edit, run_launch, run_regenerate, run_retry, run_stop
 from chat.limits import MAX_FRAME, MAX_MESSAGE
 from chat.models import Conversation
+from chat.workspace import attached_note, with_attached
 from studio.logs import log_context_keep
 from studio.text import strip_nul
 
 
 def _conversation_for(conversation_id: int, user) -> Conversation | None:
     return Conversation.objects.owned_by(user).filter(pk=conversation_id).first()
+
+
+def _attached(conversation_id: int, names: object) -> tuple[str | None, str]:
+    """The message's line for the files sent with it, and the files panel showing them."""
+    conversation = Conversation.objects.get(pk=conversation_id)
+    note = attached_note(conversation, names)
+    return note, render.files_panel(conversation, oob=True) if note else ""
 
 
 def _settings(conversation_id: int) -> str:
@@ -110,6 +118,14 @@ class ChatConsumer(MemberSocket):
         if action == "edit":
             await self.edit(data, text)
             return
+        files = ""
+        if data.get("files"):
+            # Files sent with the message, uploaded a moment before (studio.js).
+            note, files = await off_loop(_attached, self.conversation_id, data["files"])
+            if note is None:
+                await self.notice("Studio could not find the files sent with that message.")
+                return
+            text = with_attached(text, note)
         launch = await off_loop(
             run_launch, conversation_id=self.conversation_id, user=self.user, text=text
         )
@@ -118,6 +134,7 @@ class ChatConsumer(MemberSocket):
             await self.send(
                 text_data=render.notice("", level="none")
                 + render.composer_state("accepted", self.seq)
+                + files
             )
         else:
             await self.send(

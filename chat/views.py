@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import FileResponse, Http404, HttpResponse
+from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -20,7 +20,7 @@ from chat.services import (
     conversation_start,
     conversation_under_review,
 )
-from studio.http import HtmxHttpRequest
+from studio.http import HtmxHttpRequest, wants_json
 from studio.text import strip_nul
 
 
@@ -137,6 +137,15 @@ def conversation_send(request: HtmxHttpRequest, conversation_id: int) -> HttpRes
     text = strip_nul(request.POST.get("message", ""))
     if len(text) > MAX_MESSAGE:
         return HttpResponse(f"Messages are limited to {MAX_MESSAGE:,} characters.", status=400)
+    if request.FILES:
+        # Files sent with the message: all of them first, or no message.
+        try:
+            saved = workspace.workspace_upload(conversation, request.FILES.getlist("files"))
+        except workspace.UploadRefused as refused:
+            messages.error(request, str(refused))
+            return redirect(conversation)
+        note = workspace.attached_note(conversation, [f.name for f in saved])
+        text = workspace.with_attached(text, note) if note else text
     launch = run_launch(conversation_id=conversation.pk, user=request.user, text=text)
     if not launch.ok:
         messages.error(request, launch.refusal)
@@ -260,10 +269,15 @@ def workspace_upload(request: HtmxHttpRequest, conversation_id: int) -> HttpResp
     try:
         saved = workspace.workspace_upload(conversation, request.FILES.getlist("files"))
     except workspace.UploadRefused as refused:
+        if wants_json(request):
+            return JsonResponse({"error": str(refused)}, status=400)
         if request.htmx:
             return HttpResponse(str(refused), status=400, content_type="text/plain; charset=utf-8")
         messages.error(request, str(refused))
         return redirect(conversation)
+    if wants_json(request):
+        # Files sent with a message (studio.js): their names as saved, for the message.
+        return JsonResponse({"saved": [f.name for f in saved]})
     if request.htmx:
         return HttpResponse(fragments.files_panel(conversation, request=request, saved=saved))
     messages.success(request, "Uploaded " + ", ".join(f.name for f in saved) + ".")

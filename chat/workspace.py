@@ -130,6 +130,35 @@ def workspace_upload(conversation: Conversation, uploads) -> list[WorkspaceFile]
         return _save_all(workspace, names, uploads)
 
 
+# Files sent with a message: how many it may name, and how it names them.
+MAX_ATTACHED = 20
+ATTACHED_TEXT = "Files added to the working folder with this message: {names}."
+
+
+def attached_note(conversation: Conversation, names: object) -> str | None:
+    """The line a message gets for the files sent with it (uploaded a moment
+    before), or None when ``names`` is not a short list of this workspace's
+    files: the model is never told of a file that is not there."""
+    if not isinstance(names, list) or not names or len(names) > MAX_ATTACHED:
+        return None
+    folder = conversation.workspace
+    clean = []
+    for name in names:
+        if not isinstance(name, str) or len(name) > NAME_LENGTH:
+            return None
+        try:
+            if clean_upload_name(name) != name or not (folder / name).is_file():
+                return None
+        except UploadRefused:
+            return None
+        clean.append(name)
+    return ATTACHED_TEXT.format(names=", ".join(dict.fromkeys(clean)))
+
+
+def with_attached(text: str, note: str) -> str:
+    return f"{text.rstrip()}\n\n{note}" if text.strip() else note
+
+
 def _fits_alone(name: str, size: int) -> None:
     if size > upload_limit():
         raise UploadRefused(

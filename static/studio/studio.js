@@ -56,7 +56,7 @@
     var t = evt.target;
     if (t && t.id === "message-input" && evt.key === "Enter" && !evt.shiftKey && !evt.isComposing) {
       evt.preventDefault();
-      if (t.value.trim()) t.form.requestSubmit();
+      if (t.value.trim() || attachments.length) t.form.requestSubmit();
     }
   });
 
@@ -77,6 +77,86 @@
   document.addEventListener("input", function (evt) {
     if (evt.target && evt.target.id === "message-input") messageLength(evt.target);
   });
+  // Files sent with a message: the paperclip, a drop on the box or a paste
+  // add them here; on send they are uploaded first (all or none), and the
+  // message goes with their names, which the server checks and words.
+  var attachments = [], attachedNames = null;
+  function showAttachments() {
+    var list = $("attachments"), input = $("message-input");
+    if (!list) return;
+    list.innerHTML = "";
+    attachments.forEach(function (file, i) {
+      var item = document.createElement("li");
+      var name = document.createElement("span");
+      name.textContent = file.name;
+      var remove = document.createElement("button");
+      remove.type = "button";
+      remove.textContent = "×";
+      remove.setAttribute("aria-label", "Remove " + file.name);
+      remove.addEventListener("click", function () {
+        attachments.splice(i, 1);
+        showAttachments();
+        if (input) input.focus();
+      });
+      item.appendChild(name);
+      item.appendChild(remove);
+      list.appendChild(item);
+    });
+    list.hidden = attachments.length === 0;
+    // A message may be files alone.
+    if (input) input.required = attachments.length === 0;
+  }
+  function attach(files) {
+    Array.prototype.forEach.call(files || [], function (file) {
+      if (!attachments.some(function (f) { return f.name === file.name; })) attachments.push(file);
+    });
+    showAttachments();
+  }
+  document.addEventListener("change", function (evt) {
+    if (evt.target && evt.target.id === "attach-input") {
+      attach(evt.target.files);
+      evt.target.value = "";  // the files are held here, not in the form
+      var input = $("message-input");
+      if (input) input.focus();
+    }
+  });
+  document.addEventListener("paste", function (evt) {
+    if (!evt.target || evt.target.id !== "message-input") return;
+    var files = evt.clipboardData && evt.clipboardData.files;
+    if (files && files.length) { evt.preventDefault(); attach(files); }
+  });
+  ["dragover", "dragleave", "drop"].forEach(function (kind) {
+    document.addEventListener(kind, function (evt) {
+      var composer = evt.target && evt.target.closest && evt.target.closest("#composer");
+      if (!composer) return;
+      var types = evt.dataTransfer && evt.dataTransfer.types;
+      if (!types || Array.prototype.indexOf.call(types, "Files") < 0) return;
+      evt.preventDefault();
+      composer.classList.toggle("dropping", kind === "dragover");
+      if (kind === "drop") attach(evt.dataTransfer.files);
+    });
+  });
+  function uploadThenSend(form) {
+    var body = new FormData();
+    attachments.forEach(function (file) { body.append("files", file, file.name); });
+    var token = form.querySelector("input[name=csrfmiddlewaretoken]");
+    var notice = $("notice");
+    fetch(form.dataset.uploadUrl, {
+      method: "POST", body: body, credentials: "same-origin",
+      headers: { "Accept": "application/json", "X-CSRFToken": token ? token.value : "" }
+    }).then(function (response) {
+      return response.json().then(function (answer) { return { ok: response.ok, answer: answer }; });
+    }).then(function (got) {
+      if (!got.ok) throw new Error(got.answer.error || "The files could not be uploaded.");
+      attachedNames = got.answer.saved;
+      form.requestSubmit();
+    }).catch(function (error) {
+      if (notice) {
+        notice.className = "notice notice-error";
+        notice.textContent = error.message || "The files could not be uploaded. Try again.";
+      }
+    });
+  }
   document.addEventListener("htmx:wsConfigSend", function (evt) {
     var input = $("message-input");
     if (!input || !evt.detail.elt || evt.detail.elt.id !== "composer") return;
@@ -89,6 +169,22 @@
         notice.textContent = "Messages are limited to " + size.max.toLocaleString("en-US") +
           " characters; this one has " + size.n.toLocaleString("en-US") +
           ". Shorten it, or put the text in a file.";
+      }
+    }
+  });
+  // (After the length check: a message too long uploads nothing.)
+  document.addEventListener("htmx:wsConfigSend", function (evt) {
+    if (!evt.detail.elt || evt.detail.elt.id !== "composer" || evt.defaultPrevented) return;
+    if (attachedNames) {
+      evt.detail.parameters.files = attachedNames;
+      attachedNames = null;
+      attachments = [];
+      showAttachments();
+    } else {
+      delete evt.detail.parameters.files;
+      if (attachments.length) {
+        evt.preventDefault();
+        uploadThenSend(evt.detail.elt);
       }
     }
   });

@@ -134,3 +134,72 @@ def test_a_running_call_shows_its_output_as_it_comes(
     run_finished(page)
     assert page.locator("pre.live-output").count() == 0
     assert page.locator(".tool-result pre").first.inner_text().startswith("line-1")
+
+
+DROP = """([name, text]) => {
+    const files = new DataTransfer();
+    files.items.add(new File([text], name, {type: "text/plain"}));
+    const box = document.getElementById("message-input");
+    const how = {dataTransfer: files, bubbles: true, cancelable: true};
+    box.dispatchEvent(new DragEvent("dragover", how));
+    box.dispatchEvent(new DragEvent("drop", how));
+}"""
+PASTE = """([name, text]) => {
+    const files = new DataTransfer();
+    files.items.add(new File([text], name, {type: "text/plain"}));
+    document.getElementById("message-input").dispatchEvent(
+        new ClipboardEvent("paste", {clipboardData: files, bubbles: true, cancelable: true}));
+}"""
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_files_go_with_a_message(sized, studio_server, member, width, artifacts):
+    """Issue 55: files chosen by the paperclip, dropped on the box or pasted into
+    it go with the message: uploaded first (all or none), named to the model."""
+    from chat.models import Conversation, Message
+
+    page = sized
+    page.set_viewport_size({"width": width, "height": HEIGHT})
+    login(page, studio_server)
+    new_chat(page)
+    csv = {"name": "data.csv", "mimeType": "text/csv", "buffer": b"a,b\n1,2\n"}
+    page.set_input_files("#attach-input", files=[csv])
+    page.evaluate(DROP, ["notes.txt", "dropped"])
+    page.evaluate(PASTE, ["pasted.txt", "pasted"])
+    chips = page.locator("#attachments li")
+    assert [chip.locator("span").inner_text() for chip in chips.all()] == [
+        "data.csv",
+        "notes.txt",
+        "pasted.txt",
+    ]
+    # One goes again before sending.
+    page.locator("#attachments button[aria-label='Remove pasted.txt']").click()
+    assert chips.count() == 2
+    page.screenshot(path=str(artifacts / f"56-files-with-a-message-{width}.png"))
+    ask(page, "Please look at these.")
+    mine = page.locator("#transcript .msg-user").last
+    mine.locator(".user-text", has_text="with this message: data.csv, notes.txt.").wait_for()
+    page.locator("#workspace-file-list", has_text="notes.txt").wait_for()
+    assert page.locator("#attachments").is_hidden()
+    run_finished(page)
+    conversation = Conversation.objects.filter(owner=member).latest("pk")
+    assert (conversation.workspace / "notes.txt").read_text() == "dropped"
+    assert not (conversation.workspace / "pasted.txt").exists()
+    sent = Message.objects.filter(conversation=conversation, role="user").last().content
+    assert sent == (
+        "Please look at these.\n\nFiles added to the working folder with this message: "
+        "data.csv, notes.txt."
+    )
+
+    # Files alone make a message; a name Studio refuses sends nothing and keeps the rest.
+    page.evaluate(DROP, [".hidden", "x"])
+    page.locator("#message-input").fill("With a bad one.")
+    page.press("#message-input", "Enter")
+    page.locator("#notice", has_text="is not a file name Studio keeps").wait_for()
+    assert Message.objects.filter(conversation=conversation, role="user").count() == 1
+    assert page.locator("#message-input").input_value() == "With a bad one."
+    page.locator("#attachments button[aria-label='Remove .hidden']").click()
+    page.locator("#message-input").fill("")
+    page.evaluate(DROP, ["more.txt", "more"])
+    page.locator("#send-button").click()
+    page.locator("#transcript .user-text", has_text="with this message: more.txt.").wait_for()

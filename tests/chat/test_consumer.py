@@ -346,6 +346,11 @@ async def test_every_tab_sees_the_decision(conversation, alice):
         "x" * 70000,
         "[" * 20_000 + "]" * 20_000,  # nested past Python's recursion limit
         '{"message": ' + "[" * 30_000 + "]" * 30_000 + "}",
+        # Files sent with a message must be the workspace's own, named plainly.
+        json.dumps({"message": "hi", "files": ["missing.txt"]}),
+        json.dumps({"message": "hi", "files": ["../../etc/passwd"]}),
+        json.dumps({"message": "hi", "files": "notes.txt"}),
+        json.dumps({"message": "hi", "files": [{"name": "x"}]}),
     ],
 )
 async def test_bad_frames_get_a_notice_and_change_nothing(conversation, alice, frame):

@@ -198,3 +198,53 @@ def test_a_cut_output_offers_its_whole_as_a_download(alice_client, chat):
     page = alice_client.get(chat.get_absolute_url()).text
     link = reverse("chat:download", args=[chat.pk, "tool-output/x.txt"])
     assert f'<a href="{link}" download>Download all of it</a> (214.8' in page
+
+
+def test_files_sent_with_a_message_are_named_only_when_they_are_there(alice_client, chat):
+    from chat.workspace import attached_note
+
+    answer = alice_client.post(
+        reverse("chat:upload", args=[chat.pk]),
+        {"files": [a_file("data.csv"), a_file("café.txt")]},
+        headers={"accept": "application/json"},
+    )
+    assert answer.status_code == 200 and answer.json() == {"saved": ["data.csv", "café.txt"]}
+    assert attached_note(chat, ["data.csv", "café.txt"]) == (
+        "Files added to the working folder with this message: data.csv, café.txt."
+    )
+    for names in (
+        [],
+        "data.csv",
+        ["missing.csv"],
+        ["../data.csv"],
+        ["sub/data.csv"],
+        [".hidden"],
+        [7],
+        ["data.csv"] * 21,
+        {"a": 1},
+    ):
+        assert attached_note(chat, names) is None, names
+
+
+def test_an_upload_asked_for_as_json_answers_its_refusal_in_json(alice_client, chat):
+    answer = alice_client.post(
+        reverse("chat:upload", args=[chat.pk]),
+        {"files": [a_file(".env")]},
+        headers={"accept": "application/json"},
+    )
+    assert answer.status_code == 400
+    assert "not a file name Studio keeps" in answer.json()["error"]
+    assert not (chat.workspace / ".env").exists()
+
+
+def test_the_plain_form_sends_files_with_the_message(alice_client, chat):
+    from chat.models import Message
+
+    answer = alice_client.post(
+        reverse("chat:send", args=[chat.pk]),
+        {"message": "Look.", "files": [a_file("data.csv")]},
+    )
+    assert answer.status_code == 302
+    assert (chat.workspace / "data.csv").exists()
+    sent = Message.objects.get(conversation=chat, role="user").content
+    assert sent == "Look.\n\nFiles added to the working folder with this message: data.csv."
