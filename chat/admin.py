@@ -30,12 +30,32 @@ def export_json(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
     return response
 
 
+class SharedFilter(admin.SimpleListFilter):
+    """Shared with the team, or not (the admin lists what is shared)."""
+
+    title = "shared with the team"
+    parameter_name = "shared"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "Shared"), ("no", "Not shared")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(shared_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(shared_at__isnull=True)
+        return queryset
+
+
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
     actions = [export_json]
-    list_display = ["title", "owner", "confirm_tool_calls", "created_at", "updated_at", "gone"]
+    list_display = [
+        "title", "owner", "confirm_tool_calls", "created_at", "updated_at", "shared_at", "gone",
+    ]  # fmt: skip
     list_filter = [
         "confirm_tool_calls",
+        SharedFilter,
         ("archived_at", admin.EmptyFieldListFilter),
         ("deleted_at", admin.EmptyFieldListFilter),
         "created_at",
@@ -43,7 +63,7 @@ class ConversationAdmin(admin.ModelAdmin):
     search_fields = ["title", "owner__username"]
     list_select_related = ["owner"]
     date_hierarchy = "created_at"
-    readonly_fields = ["created_at", "updated_at", "archived_at", "deleted_at"]
+    readonly_fields = ["created_at", "updated_at", "archived_at", "deleted_at", "shared_at"]
 
     def has_add_permission(self, request) -> bool:
         return False  # members start conversations in the chat, not here

@@ -59,6 +59,10 @@ class ConversationQuerySet(models.QuerySet):
         """The member's conversations they have not deleted (archived ones included)."""
         return self.filter(owner=user, deleted_at__isnull=True)
 
+    def shared(self) -> ConversationQuerySet:
+        """Conversations their members share read-only with the team (not deleted)."""
+        return self.filter(shared_at__isnull=False, deleted_at__isnull=True)
+
 
 class Conversation(models.Model):
     """One chat between a member and the agent; everything hangs off it."""
@@ -86,6 +90,8 @@ class Conversation(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     # Out of the sidebar until shown again; it opens and answers as ever.
     archived_at = models.DateTimeField(null=True, blank=True)
+    # Shared read-only with the team since then (None: the member's alone).
+    shared_at = models.DateTimeField(null=True, blank=True)
     # Deleted by its member: its messages, runs and files are gone, and the row
     # stays only so that its approval rows keep their conversation (the audit
     # outlives the chat). ``purge_approvals`` removes it with its last row.

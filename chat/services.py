@@ -134,6 +134,37 @@ def conversation_archive(*, conversation: Conversation, archived: bool) -> Conve
     return conversation
 
 
+def conversation_share(*, conversation: Conversation, shared: bool) -> Conversation:
+    """Share the chat read-only with the team, or stop (its member's choice)."""
+    if shared and conversation.shared_at is None:
+        conversation.shared_at = timezone.now()
+    elif not shared:
+        conversation.shared_at = None
+    Conversation.objects.filter(pk=conversation.pk).update(shared_at=conversation.shared_at)
+    return conversation
+
+
+def conversation_shared_with(*, conversation_id: int, user) -> Conversation | None:
+    """Another member's chat they share with the team, for ``user`` to read."""
+    return (
+        Conversation.objects.shared()
+        .exclude(owner=user)
+        .select_related("owner")
+        .filter(pk=conversation_id)
+        .first()
+    )
+
+
+def conversations_shared_by_others(*, user, limit: int = 30) -> list[Conversation]:
+    """What teammates share, newest first (the index lists it)."""
+    return list(
+        Conversation.objects.shared()
+        .exclude(owner=user)
+        .select_related("owner")
+        .order_by("-shared_at")[:limit]
+    )
+
+
 def conversation_delete(*, conversation: Conversation, user) -> None:
     """Delete the chat for its member: messages, runs and files; not its audit.
 

@@ -12,6 +12,7 @@ urlpatterns = [
     path("c/<int:conversation_id>/rename/", views.conversation_rename, name="rename"),
     path("c/<int:conversation_id>/archive/", views.conversation_archive, name="archive"),
     path("c/<int:conversation_id>/delete/", views.conversation_delete, name="delete"),
+    path("c/<int:conversation_id>/share/", views.conversation_share, name="share"),
     path("c/<int:conversation_id>/", views.conversation_detail, name="conversation"),
     path("c/<int:conversation_id>/send/", views.conversation_send, name="send"),
     path("c/<int:conversation_id>/stop/", views.conversation_stop, name="stop"),

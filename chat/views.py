@@ -28,23 +28,32 @@ def _owned(request: HtmxHttpRequest, conversation_id: int) -> Conversation:
     return get_object_or_404(Conversation.objects.owned_by(request.user), pk=conversation_id)
 
 
-def _viewable(request: HtmxHttpRequest, conversation_id: int) -> tuple[Conversation, bool]:
-    """The conversation and whether it is shown read-only: its owner's, or a
-    reviewer's while one of its calls waits for a reviewer. Else 404."""
+def _viewable(request: HtmxHttpRequest, conversation_id: int) -> tuple[Conversation, str]:
+    """The conversation and how it is shown: "own" (its owner's), or read-only
+    as "review" (a reviewer's, while one of its calls waits for a reviewer) or
+    "shared" (a teammate's, while its owner shares it). Else 404."""
     conversation = Conversation.objects.owned_by(request.user).filter(pk=conversation_id).first()
     if conversation is not None:
-        return conversation, False
+        return conversation, "own"
     conversation = conversation_under_review(conversation_id=conversation_id, user=request.user)
+    if conversation is not None:
+        return conversation, "review"
+    conversation = services.conversation_shared_with(
+        conversation_id=conversation_id, user=request.user
+    )
     if conversation is None:
         raise Http404("No such conversation.")
-    return conversation, True
+    return conversation, "shared"
 
 
 @require_GET
 @login_required
 def index(request: HtmxHttpRequest) -> HttpResponse:
-    """The member's conversations, searchable (the sidebar's list, full page)."""
-    return render(request, "chat/index.html", fragments.list_context(request.GET, request.user))
+    """The member's conversations, searchable (the sidebar's list, full page),
+    and what teammates share with the team."""
+    context = fragments.list_context(request.GET, request.user)
+    context["shared"] = services.conversations_shared_by_others(user=request.user)
+    return render(request, "chat/index.html", context)
 
 
 @require_GET
@@ -98,6 +107,24 @@ def conversation_archive(request: HtmxHttpRequest, conversation_id: int) -> Http
 
 @require_POST
 @login_required
+def conversation_share(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
+    """Share the chat read-only with the team (share=1), or stop (share=0)."""
+    conversation = _owned(request, conversation_id)
+    share = request.POST.get("share")
+    if share not in ("1", "0"):
+        return HttpResponse("Say share=1 or share=0.", status=400)
+    services.conversation_share(conversation=conversation, shared=share == "1")
+    if request.htmx:
+        return HttpResponse(fragments.settings_panel(conversation, request=request))
+    if share == "1":
+        messages.success(request, "Shared: your team can read this chat (not change it).")
+    else:
+        messages.info(request, "No longer shared: only you can open this chat.")
+    return redirect(conversation)
+
+
+@require_POST
+@login_required
 def conversation_delete(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
     conversation = _owned(request, conversation_id)
     if request.POST.get("confirm") != "yes":
@@ -121,9 +148,10 @@ def conversation_new(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 @login_required
 def conversation_detail(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
-    conversation, read_only = _viewable(request, conversation_id)
-    if read_only:
+    conversation, shown = _viewable(request, conversation_id)
+    if shown != "own":
         context = fragments.review_context(conversation, viewer=request.user)
+        context["shared_view"] = shown == "shared"
     else:
         context = fragments.page_context(conversation)
     return render(request, "chat/conversation.html", context)

@@ -168,3 +168,43 @@ def test_the_inbox_filters_batches_confirms_and_remembers(
         "denied",
     ]
     context.close()
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_a_chat_shared_read_only_with_the_team(browser, studio_server, member, settings, width):
+    """Issue 55: a member shares a chat; a teammate reads it, its calls and how
+    they were decided, with no button to press; unshared, it is gone for them."""
+    from tests.browser.ui import card_for, output, run_finished, start_chat
+    from tests.factories import make_live_member
+
+    make_live_member(settings, "dave")
+    contexts = [browser.new_context(viewport={"width": width, "height": 900}) for _ in range(2)]
+    owner, teammate = (context.new_page() for context in contexts)
+    try:
+        for page in (owner, teammate):
+            page.set_default_timeout(TIMEOUT)
+        url = start_chat(owner, studio_server)
+        card = card_for(owner, "run python: print(6 * 7)")
+        card.locator("button[value=allow]").click()
+        output(owner, "42").wait_for()
+        run_finished(owner)
+        owner.locator("button", has_text="Share read-only with the team").click()
+        owner.locator("[data-shared]").wait_for()
+
+        login(teammate, studio_server, "dave")
+        teammate.locator(".shared-chats a", has_text="run python").click()
+        teammate.wait_for_url(url)
+        teammate.locator("[data-read-only]", has_text="shared with the team").wait_for()
+        assert output(teammate, "42").is_visible()
+        assert "Allowed by carol" in teammate.inner_text("#transcript")
+        for control in ("#composer", "#settings", "button[value=allow]", ".msg-edit"):
+            assert teammate.locator(control).count() == 0, control
+        overflow = teammate.evaluate("document.documentElement.scrollWidth - innerWidth")
+        assert overflow <= 0
+
+        owner.locator("button", has_text="Stop sharing").click()
+        owner.locator("button", has_text="Share read-only with the team").wait_for()
+        assert teammate.goto(url).status == 404
+    finally:
+        for context in contexts:
+            context.close()

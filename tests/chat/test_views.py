@@ -4,7 +4,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from approvals.models import ToolRule
+from approvals.models import ToolApproval, ToolRule
 from chat.models import Conversation, Message
 from tests.factories import make_approval, make_conversation
 
@@ -191,3 +191,78 @@ def test_edit_and_regenerate_refuse_bad_input_and_others(alice_client, conversat
         data = {"message_id": said.pk, "message": "a"}
         assert alice_client.post(reverse(name, args=[theirs.pk]), data).status_code == 404
     assert Message.objects.get(pk=said.pk).superseded_at is None
+
+
+def bob_client(bob):
+    client = Client()
+    client.force_login(bob)
+    return client
+
+
+def test_a_shared_chat_reads_read_only_to_the_team_and_stops_when_unshared(
+    alice_client, alice, bob
+):
+    from tests.factories import make_run
+
+    chat = make_conversation(alice, title="Deploy notes")
+    run = make_run(chat, status="waiting")
+    Message.objects.create(conversation=chat, role="user", content="How do we deploy?")
+    calls = [
+        {"id": call, "name": "terminal", "arguments": {"command": command}}
+        for call, command in (("c1", "rm -rf build"), ("c2", "make deploy"))
+    ]
+    Message.objects.create(
+        conversation=chat, run=run, role="assistant", content="Let me.", tool_calls=calls
+    )
+    for call in calls:
+        command = call["arguments"]["command"]
+        make_approval(chat, run_id=str(run.pk), tool_call_id=call["id"], tool_name="terminal",
+                      arguments=call["arguments"], subject=command)  # fmt: skip
+    ToolApproval.objects.filter(tool_call_id="c1").update(
+        status="denied", reason="user", decided_by=alice
+    )
+    url = reverse("chat:conversation", args=[chat.pk])
+    teammate = bob_client(bob)
+    assert teammate.get(url).status_code == 404
+
+    shared = alice_client.post(reverse("chat:share", args=[chat.pk]), {"share": "1"})
+    assert shared.status_code == 302
+    chat.refresh_from_db()
+    assert chat.shared_at is not None
+    page = teammate.get(url)
+    html = page.content.decode()
+    assert page.status_code == 200 and "shared with the team" in html
+    assert "How do we deploy?" in html and "Denied by alice" in html and "make deploy" in html
+    assert '<span class="who">alice</span>' in html  # whose words, not "You"
+    # Read, never change: no buttons, no composer, no settings, no edit.
+    for absent in ('value="allow"', 'value="deny"', 'id="composer"', "Stop sharing", "edit-"):
+        assert absent not in html, absent
+    for name in ("chat:send", "chat:share", "chat:settings", "chat:stop", "chat:delete"):
+        assert teammate.post(reverse(name, args=[chat.pk]), {"share": "0"}).status_code == 404
+    index = teammate.get(reverse("chat:index")).content.decode()
+    assert "Shared by your team" in index and "Deploy notes" in index
+    # Its owner's own page is as before, with the switch.
+    assert "Stop sharing" in alice_client.get(url).content.decode()
+
+    unshared = alice_client.post(reverse("chat:share", args=[chat.pk]), {"share": "0"})
+    assert unshared.status_code == 302
+    assert teammate.get(url).status_code == 404
+    assert "Deploy notes" not in teammate.get(reverse("chat:index")).content.decode()
+
+
+def test_sharing_takes_a_plain_yes_or_no_and_ends_with_the_chat(alice_client, alice, bob):
+    chat = make_conversation(alice)
+    share = reverse("chat:share", args=[chat.pk])
+    assert alice_client.post(share, {"share": "maybe"}).status_code == 400
+    assert alice_client.get(share).status_code == 405
+    alice_client.post(share, {"share": "1"})
+    Conversation.objects.filter(pk=chat.pk).update(deleted_at=chat.created_at)
+    assert bob_client(bob).get(reverse("chat:conversation", args=[chat.pk])).status_code == 404
+
+
+def test_the_admin_lists_what_is_shared(admin_client, alice):
+    shared = make_conversation(alice, title="Open book")
+    make_conversation(alice, title="Private diary")
+    Conversation.objects.filter(pk=shared.pk).update(shared_at=shared.created_at)
+    page = admin_client.get("/admin/chat/conversation/?shared=yes").content.decode()
+    assert "Open book" in page and "Private diary" not in page
