@@ -38,8 +38,9 @@ class ToolResult:
 
 RunFn = Callable[..., ToolResult]
 # A running call's latest output (its last screenful), for its card; called
-# from the thread the call runs on, a few times a second at most.
+# from the thread the call runs on, at most every LIVE_SECONDS.
 Progress = Callable[[str], None]
+LIVE_SECONDS = 0.25
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chat.tools.base import Tool, ToolResult
+from chat.tools.base import LIVE_SECONDS, Progress, Tool, ToolResult
 from chat.tools.images import IMAGE_TYPES, human_size, max_bytes, store
 from chat.tools.server_sandbox import server_argv
 from studio.cancel import CancelToken
@@ -261,12 +261,14 @@ class _Connection:
             self.hub.report(Report(self.spec.name, True, tools=self.tools))
         return self.tools
 
-    async def call(self, tool: str, arguments: dict, timeout: float):
+    async def call(self, tool: str, arguments: dict, timeout: float, heard=None):
         from mcp.shared.exceptions import MCPError
 
         await self.ensure(self.hub.connect_timeout)
         try:
-            return await self.client.call_tool(tool, arguments, read_timeout_seconds=timeout)
+            return await self.client.call_tool(
+                tool, arguments, read_timeout_seconds=timeout, progress_callback=heard
+            )
         except MCPError as exc:
             if "timed out" in str(exc):
                 raise TimeoutError from None
@@ -308,7 +310,9 @@ class McpHub:
                 self._loop = loop
             return self._loop
 
-    def _run(self, coro, timeout: float, cancel: CancelToken | None = None):
+    def _run(self, coro, timeout: float, cancel: CancelToken | None = None, tick=None):
+        """Run ``coro`` on the hub's loop and wait for it here; ``tick`` is called
+        on this thread while it waits, every LIVE_SECONDS (the live output)."""
         loop = self._loop_running()
         future = asyncio.run_coroutine_threadsafe(coro, loop)
         unsubscribe = (
@@ -317,7 +321,16 @@ class McpHub:
             else (lambda: None)
         )
         try:
-            return future.result(timeout)
+            if tick is None:
+                return future.result(timeout)
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    return future.result(max(0.0, min(LIVE_SECONDS, deadline - time.monotonic())))
+                except TimeoutError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    tick()
         finally:
             unsubscribe()
 
@@ -362,18 +375,22 @@ class McpHub:
         *,
         timeout: float,
         cancel: CancelToken,
+        progress: Progress | None = None,
     ):
-        """Call ``tool``; returns the SDK's ``CallToolResult``.
+        """Call ``tool``; returns the SDK's ``CallToolResult``. ``progress`` hears
+        the progress the server reports (its last lines), on this thread.
 
         Raises ``McpUnavailable``, ``TimeoutError`` past ``timeout``, and
         ``concurrent.futures.CancelledError`` on Stop.
         """
+        told = ServerProgress()
 
         async def call():
             connection = await self._connection(spec)
-            return await connection.call(tool, arguments, timeout)
+            return await connection.call(tool, arguments, timeout, told.heard if progress else None)
 
-        return self._run(call(), timeout + self.connect_timeout + 5, cancel)
+        tick = (lambda: told.hand_over(progress)) if progress is not None else None
+        return self._run(call(), timeout + self.connect_timeout + 5, cancel, tick)
 
     def forget(self, name: str) -> None:
         """Close a server's session (it was disabled or deleted)."""
@@ -479,16 +496,46 @@ def _save_image(content, *, workspace: Path, stem: str) -> dict:
     return image
 
 
+class ServerProgress:
+    """What a server reported of a call's progress: heard on the hub's loop,
+    handed over on the call's own thread (the step's publisher is that thread's)."""
+
+    LINES = 30
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.last: list[str] | None = None  # the lines handed over last
+
+    async def heard(self, progress: float, total: float | None, message: str | None) -> None:
+        done = f"{progress:g}" + (f" of {total:g}" if total else "")
+        self.lines = [*self.lines, f"{done}: {message}" if message else done][-self.LINES :]
+
+    def hand_over(self, progress: Progress) -> None:
+        lines = self.lines  # one read: the loop replaces the list, never changes it
+        if lines and lines is not self.last:
+            self.last = lines
+            progress("\n".join(lines))
+
+
 def remote_tool(
     hub: McpHub, spec: ServerSpec, remote: RemoteTool, *, description_prefix: str = ""
 ) -> Tool:
     """A server's tool as a Studio tool, gated like any other."""
 
-    def run(arguments: dict, *, cancel: CancelToken, timeout: float, workspace: Path):
+    def run(
+        arguments: dict,
+        *,
+        cancel: CancelToken,
+        timeout: float,
+        workspace: Path,
+        progress: Progress | None = None,
+    ):
         from concurrent.futures import CancelledError
 
         try:
-            result = hub.call(spec, remote.name, arguments, timeout=timeout, cancel=cancel)
+            result = hub.call(
+                spec, remote.name, arguments, timeout=timeout, cancel=cancel, progress=progress
+            )
         except McpUnavailable as exc:
             return ToolResult.error(str(exc))
         except TimeoutError:
@@ -504,4 +551,5 @@ def remote_tool(
         run=run,
         server=spec.name,
         hints=remote.hints,
+        live=True,
     )

@@ -116,7 +116,7 @@ def test_tools_are_listed_with_their_hints_and_remembered_on_the_row(server, con
         assert time.monotonic() < deadline, "the row never learned the tools"
         time.sleep(0.05)
     row = McpServer.objects.get(pk=server.pk)
-    assert row.available is True and len(row.tools) == 9
+    assert row.available is True and len(row.tools) == 10
 
 
 @pytest.mark.parametrize("decision", ["allow", "deny"])
@@ -186,13 +186,16 @@ def test_disabled_mcp_tools_are_not_offered_or_run(server, conversation):
     assert "is not enabled" in driver.of(ToolFinished)[0].result
 
 
-def execute(server_row: McpServer, tool: str, arguments: dict, *, timeout=10.0, cancel=None):
+def execute(
+    server_row: McpServer, tool: str, arguments: dict, *, timeout=10.0, cancel=None, progress=None
+):
     tools = mcp_tools(connect=True)
     return tools[f"{server_row.name}__{tool}"].execute(
         arguments,
         cancel=cancel or CancelToken(),
         timeout=timeout,
         workspace=_workspace(),
+        progress=progress,
     )
 
 
@@ -212,6 +215,27 @@ def test_a_slow_tool_hits_the_timeout(server):
     result = execute(server, "slow", {"seconds": 5}, timeout=0.5)
     assert result.text == "Error: the MCP tool did not answer within 0.5 s."
     assert time.monotonic() - started < 3
+
+
+def test_a_servers_progress_shows_while_the_call_runs(server):
+    """Issue 55: what an MCP server reports of its progress reaches the card
+    (on the call's own thread), as the sandbox's output does."""
+    import threading
+
+    heard: list[tuple[str, str]] = []
+    result = execute(
+        server,
+        "count",
+        {"to": 5},
+        progress=lambda text: heard.append((threading.current_thread().name, text)),
+    )
+    assert result.ok and "counted to 5" in result.text
+    assert len(heard) >= 2, heard
+    assert {name for name, _ in heard} == {threading.current_thread().name}
+    assert heard[0][1].startswith("1 of 5: counted 1")
+    assert "5 of 5: counted 5" not in heard[0][1]
+    texts = [text for _, text in heard]
+    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:], strict=False))
 
 
 def test_stop_cancels_a_call(server):
@@ -341,10 +365,10 @@ def test_the_admin_never_shows_secrets_back_and_refreshes_tools(admin_user, fres
         follow=True,
     )
     page = refreshed.content.decode()
-    assert "MCP server tools: 9 tool(s) found." in page, re.findall(
+    assert "MCP server tools: 10 tool(s) found." in page, re.findall(
         r"<li class=\"(?:success|info|error|warning)\">(.*?)</li>", page
     )
-    assert len(McpServer.objects.get(pk=row.pk).tools) == 9
+    assert len(McpServer.objects.get(pk=row.pk).tools) == 10
 
 
 @pytest.mark.django_db

@@ -4,10 +4,11 @@
     python tests/helpers/mcp_server.py http PORT
 
 Tools: ``echo`` (read-only, idempotent), ``remove`` (destructive, open world),
-``slow`` (sleeps), ``fail`` (an error result), ``picture`` (an image),
-``stats`` (structured content), ``crash`` (the process dies mid-call),
-``peek`` (reads a file, to show what its sandbox hides) and ``connect`` (opens
-a TCP connection to 127.0.0.1, to show whether it may reach the network).
+``slow`` (sleeps), ``count`` (reports its progress as it goes), ``fail`` (an
+error result), ``picture`` (an image), ``stats`` (structured content),
+``crash`` (the process dies mid-call), ``peek`` (reads a file, to show what
+its sandbox hides) and ``connect`` (opens a TCP connection to 127.0.0.1, to
+show whether it may reach the network).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import sys
 import time
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
 from mcp.types import ToolAnnotations
@@ -51,6 +52,17 @@ def slow(seconds: float) -> str:
     """Sleep, then answer."""
     time.sleep(seconds)
     return f"slept {seconds}"
+
+
+@server.tool()
+async def count(to: int, ctx: Context) -> str:
+    """Count to ``to``, a step every 0.3 s, telling the client how far it got."""
+    import asyncio
+
+    for n in range(1, to + 1):
+        await ctx.report_progress(n, to, f"counted {n}")
+        await asyncio.sleep(0.3)
+    return f"counted to {to}"
 
 
 @server.tool()

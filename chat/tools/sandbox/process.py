@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from chat.tools.base import Progress
+from chat.tools.base import LIVE_SECONDS, Progress
 from chat.tools.sandbox.cgroups import CallCgroup
 from chat.tools.sandbox.command import clean_env
 from chat.tools.sandbox.files import workspace_usage
@@ -32,11 +32,7 @@ OUTPUT_CAP = 64 * 1024
 WHOLE_OUTPUT_CAP = 16 * 1024 * 1024
 
 
-# A running call's latest output goes to its card at most this often, and
-# only its last LIVE_BYTES: enough for the last screenful.
-LIVE_SECONDS = 0.25
-
-
+# A running call's live output is its last LIVE_BYTES: enough for the last screenful.
 LIVE_BYTES = 8 * 1024
 
 
