@@ -19,7 +19,7 @@ a result (the process died meanwhile) is reported as interrupted, never run
 again.
 
 Every write of a step is *fenced* (``_fenced``): in its transaction it first
-holds the run's row for the step's claim (``chat.services.run_fence``). A
+holds the run's row for the step's claim (``chat.runs.state.run_fence``). A
 step whose process paused while another took the run over writes nothing
 more and ends; after Stop (a row change) a step starts nothing new: no
 model turn, no card, no tool.
@@ -52,7 +52,7 @@ from approvals.services.waiting import (
 from chat import events
 from chat.llm.base import ChatModel, LLMError, TextDelta, ToolCall, TurnEnd, new_call_id
 from chat.models import Conversation, Message, Run
-from chat.services import Fenced, run_fence
+from chat.runs.state import Fenced, run_fence
 from chat.toolbox import Toolbox, toolbox_for
 from chat.tools.base import ToolResult
 from chat.transcript import tool_message, transcript_build, turn_message

@@ -40,19 +40,11 @@ from chat.display import MessageView
 from chat.llm import get_model
 from chat.models import Conversation, Message, Run
 from chat.runs.local import LocalRun, local_runs
-from chat.services import (
+from chat.runs.state import (
     Claim,
     Fenced,
-    ForkRefused,
-    RunBusy,
     approval_pending,
-    conversation_retryable,
-    conversation_title_from_model,
-    editable_message,
-    python_sessions_reset,
-    regenerate_point,
     run_claim,
-    run_create,
     run_fence,
     run_finish,
     run_heartbeat,
@@ -61,6 +53,16 @@ from chat.services import (
     runs_abandon,
     runs_forget_process,
     runs_to_resume,
+)
+from chat.services import (
+    ForkRefused,
+    RunBusy,
+    conversation_retryable,
+    conversation_title_from_model,
+    editable_message,
+    python_sessions_reset,
+    regenerate_point,
+    run_create,
 )
 from chat.toolbox import toolbox_for
 from chat.tools.sessions import SESSIONS

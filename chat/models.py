@@ -134,7 +134,7 @@ class Run(models.Model):
     A run is durable: everything it needs to go on is in rows (its messages,
     its calls' approval rows, this one). ``owner`` names the process stepping
     it now, and is blank while it waits for a decision: a waiting run belongs
-    to no process, and any process may claim it (``chat.services.run_claim``).
+    to no process, and any process may claim it (``chat.runs.state.run_claim``).
     """
 
     class Status(models.TextChoices):
@@ -159,7 +159,7 @@ class Run(models.Model):
     # Times a process took the run over from one that stopped or died.
     resumes = models.PositiveIntegerField(default=0)
     # The claim number: every claim raises it. A step writes only while the
-    # row still names its owner and its number (``chat.services.run_fence``),
+    # row still names its owner and its number (``chat.runs.state.run_fence``),
     # so an owner that paused past a takeover writes nothing more.
     claim = models.PositiveBigIntegerField(default=0)
     # Started by a process that steps no runs (a WSGI worker): the first

@@ -1,4 +1,5 @@
-"""Chat services: conversations, messages, runs and conversation settings."""
+"""Chat services: conversations, their messages and settings, and a run's start
+(its rows' later transitions are ``chat.runs.state``)."""
 
 from __future__ import annotations
 
@@ -6,22 +7,18 @@ import logging
 import re
 import shutil
 import threading
-import uuid
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 
-from django.conf import settings
 from django.contrib.postgres.search import SearchQuery, SearchVector
 from django.core.files.storage import default_storage
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolRule, can_review
 from approvals.notify import member_group
 from approvals.services.rules import rule_revoke
-from approvals.services.waiting import approval_cancel_run, approvals_time_out
 from chat.models import Conversation, LanguageModel, Message, Run
 from chat.tools import builtin_tools
 from chat.tools.images import storage_name
@@ -503,228 +500,3 @@ def conversation_title_from_model(*, conversation: Conversation, model) -> str |
         return None
     named = Conversation.objects.filter(pk=conversation.pk, title=conversation.title)
     return title if named.update(title=title) else None
-
-
-@dataclass(frozen=True)
-class Claim:
-    run: Run
-    # Taken over from a process that exited or died (not woken by a decision).
-    resumed: bool
-    # Its first step: handed over by the process that started it (run_create).
-    started: bool = False
-
-
-def run_claim(*, run_id: str, owner: str) -> Claim | None:
-    """Take the run to step it, if it can go on and nobody steps it; first claim wins.
-
-    It can be claimed when it waits and the call it waits on was decided (or
-    it was stopped), when an exiting process left it, or when its owner's
-    heartbeat is older than STUDIO_RUN_STALE_SECONDS (that process died).
-    One conditional update on the row as read decides between claimants.
-    """
-    try:
-        uuid.UUID(str(run_id))
-    except ValueError:
-        return None  # an approval of no run of ours (written by hand, imported)
-    run = (
-        Run.objects.running()
-        .select_related("conversation__model", "started_by")
-        .filter(pk=run_id)
-        .first()
-    )
-    if run is None:
-        return None
-    now = timezone.now()
-    stale = run.heartbeat_at < now - timedelta(seconds=settings.STUDIO_RUN_STALE_SECONDS)
-    if run.owner and not stale:
-        return None  # being stepped
-    started = run.handed_over and not run.owner
-    resumed = bool(run.owner) or (not run.waiting_on and not started)
-    claimable = Run.objects.filter(
-        pk=run.pk, status=Run.Status.RUNNING, owner=run.owner, heartbeat_at=run.heartbeat_at
-    )
-    if not run.owner and run.waiting_on and not run.stop_requested:
-        # Nothing to do while the call it waits on still waits.
-        claimable = claimable.exclude(
-            Exists(ToolApproval.objects.pending().filter(approval_id=OuterRef("waiting_on")))
-        )
-    won = claimable.update(
-        owner=owner,
-        stepped_by=owner,
-        waiting_on="",
-        heartbeat_at=now,
-        handed_over=False,
-        resumes=F("resumes") + int(resumed),
-        claim=F("claim") + 1,
-    )
-    if not won:
-        return None
-    if resumed:
-        logger.info("run %s resumed here (it was %s)", run.pk, run.owner or "left by its process")
-    run.owner, run.waiting_on, run.heartbeat_at, run.handed_over = owner, "", now, False
-    # The row matched as read, so its number was the one read.
-    run.stepped_by, run.claim = owner, run.claim + 1
-    return Claim(run=run, resumed=resumed, started=started)
-
-
-class Fenced(Exception):
-    """A step's claim on its run is gone (another process took the run over, or
-    it ended): the step writes nothing more."""
-
-
-def run_fence(*, run_id: str, owner: str, claim: int) -> bool:
-    """Hold the run for this step's claim until the transaction commits; raises ``Fenced``.
-
-    The first statement of every write a step makes, inside that write's
-    transaction: it locks the run's row, so a takeover (a conditional update
-    of the same row) either waits for this write or this write sees it.
-    Returns False when Stop was pressed: a step then starts nothing new (no
-    model turn saved, no card, no tool), whichever process Stop was pressed
-    in and wherever its message went.
-    """
-    stop_requested = (
-        Run.objects.select_for_update()
-        .filter(pk=run_id, status=Run.Status.RUNNING, owner=owner, claim=claim)
-        .values_list("stop_requested", flat=True)
-        .first()
-    )
-    if stop_requested is None:
-        raise Fenced(run_id)
-    return not stop_requested
-
-
-def approval_pending(approval_id: str) -> bool:
-    return ToolApproval.objects.pending().filter(approval_id=approval_id).exists()
-
-
-def run_release(*, run_id: str, owner: str, waiting_on: str, claim: int | None = None) -> bool:
-    """The run waits for a decision on ``waiting_on``: it belongs to no process now.
-
-    ``claim``: only if the step's claim still holds it (see ``run_fence``).
-    """
-    runs = Run.objects.running().filter(pk=run_id, owner=owner)
-    if claim is not None:
-        runs = runs.filter(claim=claim)
-    return bool(runs.update(owner="", waiting_on=waiting_on, heartbeat_at=timezone.now()))
-
-
-def runs_abandon(*, run_ids: list[str], owner: str) -> int:
-    """Leave runs this exiting process was stepping for another process to resume at once."""
-    return (
-        Run.objects.running()
-        .filter(pk__in=run_ids, owner=owner)
-        .update(owner="", waiting_on="", heartbeat_at=timezone.now())
-    )
-
-
-def runs_forget_process(*, owner: str) -> int:
-    """This process exits, and the python sessions it held end: no run prefers it now."""
-    return Run.objects.running().filter(stepped_by=owner).update(stepped_by="")
-
-
-def run_finish(
-    *,
-    run_id: str,
-    status: str,
-    owner: str | None = None,
-    claim: int | None = None,
-    error: str = "",
-) -> bool:
-    """Record how the run ended (by its owner, and with its claim, when given);
-    False when the run had ended already or another holds it."""
-    runs = Run.objects.filter(pk=run_id, status=Run.Status.RUNNING)
-    if owner is not None:
-        runs = runs.filter(owner=owner)
-    if claim is not None:
-        runs = runs.filter(claim=claim)
-    return bool(
-        runs.update(
-            status=status,
-            owner="",
-            waiting_on="",
-            error=error[:2000],
-            finished_at=timezone.now(),
-        )
-    )
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    # Runs another claim took over meanwhile (this process paused past
-    # STUDIO_RUN_STALE_SECONDS): their steps here must end, writing nothing.
-    lost: list[str]
-    # Runs Stop was pressed for (its message may have been lost).
-    stopped: list[str]
-
-
-def run_heartbeat(*, owner: str, claims: dict[str, int]) -> Heartbeat:
-    """Mark the runs ``owner`` steps (run id -> claim number) alive, and say which
-    of them it lost and which were stopped."""
-    if not owner or not claims:
-        return Heartbeat(lost=[], stopped=[])
-    held = Q()
-    for run_id, claim in claims.items():
-        held |= Q(pk=run_id, claim=claim)
-    runs = Run.objects.running().filter(held, owner=owner)
-    runs.update(heartbeat_at=timezone.now())
-    alive = dict(runs.values_list("id", "stop_requested"))
-    return Heartbeat(
-        lost=[run_id for run_id in claims if uuid.UUID(run_id) not in alive],
-        stopped=[str(run_id) for run_id, stop in alive.items() if stop],
-    )
-
-
-def run_stop_request(*, conversation_id: int, user) -> Run | None:
-    """Mark the conversation's run as stopped and end the calls it waits on; returns it.
-
-    A waiting run's next step (the calls ending wakes it) then ends it; a
-    working one hears of it through its cancel token (the caller's part).
-    """
-    run = (
-        Run.objects.running()
-        .filter(conversation_id=conversation_id, conversation__owner=user)
-        .only("id", "owner")
-        .first()
-    )
-    if run is None:
-        return None
-    Run.objects.filter(pk=run.pk).update(stop_requested=True)
-    approval_cancel_run(run_id=str(run.pk))
-    return run
-
-
-# At most this many runs are resumed per sweep (the next sweep takes the rest).
-SWEEP_BATCH = 200
-
-
-def runs_to_resume(*, since: datetime | None = None) -> list[str]:
-    """Runs that can go on and that nobody steps: what a sweep resumes.
-
-    First the calls whose time is up end (their runs are woken like any).
-    Then: runs an exiting process left, runs whose owner died, and waiting
-    runs whose call was decided (``since``: only those decided since then;
-    None: every waiting run is looked at).
-    """
-    approvals_time_out()
-    now = timezone.now()
-    running = Run.objects.running()
-    dead = running.exclude(owner="").filter(
-        heartbeat_at__lt=now - timedelta(seconds=settings.STUDIO_RUN_STALE_SECONDS)
-    )
-    left = running.filter(owner="", waiting_on="")
-    waiting = running.filter(owner="").exclude(waiting_on="")
-    if since is None:
-        pending = ToolApproval.objects.pending().filter(approval_id=OuterRef("waiting_on"))
-        decided = waiting.exclude(Exists(pending))
-    else:
-        recent = ToolApproval.objects.decided().filter(decided_at__gte=since - SWEEP_OVERLAP)
-        decided = waiting.filter(waiting_on__in=recent.values("approval_id"))
-    ids: list[str] = []
-    for runs in (dead, left, decided):
-        ids += [str(i) for i in runs.values_list("id", flat=True)[: SWEEP_BATCH - len(ids)]]
-    return ids
-
-
-# The quick sweep reaches this far before the previous one (clock skew
-# between processes, commits that took a moment).
-SWEEP_OVERLAP = timedelta(seconds=5)

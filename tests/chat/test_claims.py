@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from approvals.services.decisions import approval_decide
 from chat.models import Run
-from chat.services import run_claim, run_create, run_release
+from chat.runs.state import run_claim, run_release
+from chat.services import run_create
 from tests.factories import make_approval
 from tests.helpers.races import run_together
 

@@ -25,7 +25,8 @@ from approvals.services.decisions import approval_decide
 from chat.agent import INTERRUPTED_TEXT, Agent, AgentSettings
 from chat.events import Done, ToolFinished, ToolStarted, Wait
 from chat.models import Message, Run
-from chat.services import Fenced, run_claim, run_create, run_fence, run_heartbeat
+from chat.runs.state import Fenced, run_claim, run_fence, run_heartbeat
+from chat.services import run_create
 from chat.toolbox import Toolbox
 from chat.tools.base import Tool, ToolResult
 from studio.cancel import CancelToken

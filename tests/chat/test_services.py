@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chat.models import Message, Run
-from chat.services import run_finish
+from chat.runs.state import run_finish
 from tests.factories import make_conversation, make_run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.anydb]
