@@ -64,6 +64,11 @@ def conversation_list(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "chat/_conversation_list.html", context)
 
 
+def _switch(request: HtmxHttpRequest, field: str) -> bool | None:
+    """A form's on/off field (1 or 0); None when it is neither."""
+    return {"1": True, "0": False}.get(request.POST.get(field, ""))
+
+
 def _listed(request: HtmxHttpRequest, conversation: Conversation, *, refusal: str = ""):
     """After a sidebar action: the list as its search shows it (htmx), else back
     where the member was; a refusal is a 400 with the reason (or a flash)."""
@@ -98,10 +103,10 @@ def conversation_rename(request: HtmxHttpRequest, conversation_id: int) -> HttpR
 @login_required
 def conversation_archive(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
     conversation = _owned(request, conversation_id)
-    archive = request.POST.get("archive")
-    if archive not in ("1", "0"):
+    archive = _switch(request, "archive")
+    if archive is None:
         return HttpResponse("Say archive=1 or archive=0.", status=400)
-    services.conversation_archive(conversation=conversation, archived=archive == "1")
+    services.conversation_archive(conversation=conversation, archived=archive)
     return _listed(request, conversation)
 
 
@@ -110,13 +115,13 @@ def conversation_archive(request: HtmxHttpRequest, conversation_id: int) -> Http
 def conversation_share(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
     """Share the chat read-only with the team (share=1), or stop (share=0)."""
     conversation = _owned(request, conversation_id)
-    share = request.POST.get("share")
-    if share not in ("1", "0"):
+    share = _switch(request, "share")
+    if share is None:
         return HttpResponse("Say share=1 or share=0.", status=400)
-    services.conversation_share(conversation=conversation, shared=share == "1")
+    services.conversation_share(conversation=conversation, shared=share)
     if request.htmx:
         return HttpResponse(fragments.settings_panel(conversation, request=request))
-    if share == "1":
+    if share:
         messages.success(request, "Shared: your team can read this chat (not change it).")
     else:
         messages.info(request, "No longer shared: only you can open this chat.")

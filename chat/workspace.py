@@ -25,7 +25,13 @@ from django.db.models import F
 
 from chat.models import Conversation
 from chat.tools.images import human_size, open_beneath
-from chat.tools.sandbox import MB, prepare_workspace, workspace_usage, write_beneath
+from chat.tools.sandbox import (
+    MB,
+    prepare_workspace,
+    walk_beneath,
+    workspace_usage,
+    write_beneath,
+)
 
 # The listing stops here: a tool that made a million files costs a bounded look.
 MAX_LISTED = 200
@@ -53,36 +59,24 @@ def workspace_files(conversation: Conversation) -> tuple[list[WorkspaceFile], bo
     """Its regular files, newest first (never through a symlink), and whether
     the listing stopped at ``MAX_LISTED``."""
     found: list[WorkspaceFile] = []
-    stack = [(str(conversation.workspace), "", 0)]
-    while stack:
-        path, prefix, depth = stack.pop()
+    for entry, name in walk_beneath(conversation.workspace, max_depth=MAX_DEPTH):
         try:
-            entries = os.scandir(path)
+            if not entry.is_file(follow_symlinks=False):
+                continue  # a symlink, a FIFO, a socket: not a file to hand out
+            if entry.name.startswith(".studio"):
+                continue  # Studio's own (a session's mark, a write under way)
+            info = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        with entries:
-            for entry in entries:
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        if depth < MAX_DEPTH:
-                            stack.append((entry.path, f"{prefix}{entry.name}/", depth + 1))
-                        continue
-                    if not entry.is_file(follow_symlinks=False):
-                        continue  # a symlink, a FIFO, a socket: not a file to hand out
-                    if entry.name.startswith(".studio"):
-                        continue  # Studio's own (a session's mark, a write under way)
-                    info = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                found.append(
-                    WorkspaceFile(
-                        name=prefix + entry.name,
-                        size=info.st_size,
-                        modified=datetime.fromtimestamp(info.st_mtime, tz=UTC),
-                    )
-                )
-                if len(found) >= MAX_LISTED:
-                    return _newest_first(found), True
+        found.append(
+            WorkspaceFile(
+                name=name,
+                size=info.st_size,
+                modified=datetime.fromtimestamp(info.st_mtime, tz=UTC),
+            )
+        )
+        if len(found) >= MAX_LISTED:
+            return _newest_first(found), True
     return _newest_first(found), False
 
 

@@ -57,6 +57,7 @@ from chat.tools.sandbox.files import (
     SANDBOX_UID_BASE,
     prepare_workspace,
     sandbox_ids,
+    walk_beneath,
     workspace_usage,
     write_beneath,
 )
@@ -146,6 +147,7 @@ __all__ = [
     "system_view",
     "tool_result",
     "under_private_dir",
+    "walk_beneath",
     "watch",
     "workspace_usage",
     "write_beneath",

@@ -7,6 +7,7 @@ import os
 import re
 import secrets
 import zlib
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from chat.tools.sandbox.host import can_drop_privileges
@@ -42,27 +43,40 @@ def prepare_workspace(path: Path) -> Path:
     return path
 
 
-def workspace_usage(path: Path, *, stop_above: int | None = None) -> int:
-    """Bytes used under ``path`` (stops counting once past ``stop_above``)."""
-    total = 0
-    stack = [path]
+def walk_beneath(path: Path, *, max_depth: int | None = None) -> Iterator[tuple[os.DirEntry, str]]:
+    """Every entry under ``path`` that is not a folder, never through a symlink,
+    with its name relative to ``path``; folders deeper than ``max_depth`` are
+    not entered, and what cannot be read is passed over."""
+    stack = [(str(path), "", 0)]
     while stack:
+        folder, prefix, depth = stack.pop()
         try:
-            entries = os.scandir(stack.pop())
+            entries = os.scandir(folder)
         except OSError:
             continue
         with entries:
             for entry in entries:
                 try:
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(Path(entry.path))
-                    else:
-                        # Allocated blocks, so sparse files count as what they cost.
-                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+                    is_dir = entry.is_dir(follow_symlinks=False)
                 except OSError:
                     continue
-                if stop_above is not None and total > stop_above:
-                    return total
+                if not is_dir:
+                    yield entry, prefix + entry.name
+                elif max_depth is None or depth < max_depth:
+                    stack.append((entry.path, f"{prefix}{entry.name}/", depth + 1))
+
+
+def workspace_usage(path: Path, *, stop_above: int | None = None) -> int:
+    """Bytes used under ``path`` (stops counting once past ``stop_above``)."""
+    total = 0
+    for entry, _ in walk_beneath(path):
+        try:
+            # Allocated blocks, so sparse files count as what they cost.
+            total += entry.stat(follow_symlinks=False).st_blocks * 512
+        except OSError:
+            continue
+        if stop_above is not None and total > stop_above:
+            return total
     return total
 
 
