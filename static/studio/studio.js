@@ -95,6 +95,7 @@
       remove.setAttribute("aria-label", "Remove " + file.name);
       remove.addEventListener("click", function () {
         attachments.splice(i, 1);
+        attachedNames = null;
         showAttachments();
         if (input) input.focus();
       });
@@ -107,6 +108,7 @@
     if (input) input.required = attachments.length === 0;
   }
   function attach(files) {
+    attachedNames = null;  // the list changed: upload it again
     Array.prototype.forEach.call(files || [], function (file) {
       if (!attachments.some(function (f) { return f.name === file.name; })) attachments.push(file);
     });
@@ -176,10 +178,8 @@
   document.addEventListener("htmx:wsConfigSend", function (evt) {
     if (!evt.detail.elt || evt.detail.elt.id !== "composer" || evt.defaultPrevented) return;
     if (attachedNames) {
+      // Uploaded already: sent again as they are if this message is refused.
       evt.detail.parameters.files = attachedNames;
-      attachedNames = null;
-      attachments = [];
-      showAttachments();
     } else {
       delete evt.detail.parameters.files;
       if (attachments.length) {
@@ -287,6 +287,9 @@
       if (state.dataset.state === "accepted") {
         var input = $("message-input");
         if (input) input.value = "";
+        attachments = [];
+        attachedNames = null;
+        showAttachments();
       }
     }
     // A message can arrive both in a catch-up and as a live event; keep one.

@@ -203,3 +203,17 @@ def test_files_go_with_a_message(sized, studio_server, member, width, artifacts)
     page.evaluate(DROP, ["more.txt", "more"])
     page.locator("#send-button").click()
     page.locator("#transcript .user-text", has_text="with this message: more.txt.").wait_for()
+    run_finished(page)
+
+    # A message refused (a call still waits) keeps its files; sent again, they go with it.
+    card = card_for(page, "$ echo waiting")
+    page.evaluate(DROP, ["later.txt", "later"])
+    page.locator("#message-input").fill("Once it is done.")
+    page.press("#message-input", "Enter")
+    page.locator("#notice", has_text="still working on your previous message").wait_for()
+    assert [chip.locator("span").inner_text() for chip in chips.all()] == ["later.txt"]
+    card.locator("button[value=deny]").click()
+    run_finished(page)
+    page.press("#message-input", "Enter")
+    page.locator("#transcript .user-text", has_text="with this message: later.txt.").wait_for()
+    assert page.locator("#attachments").is_hidden()
