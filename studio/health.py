@@ -1,4 +1,4 @@
-"""Health for load balancers and operators.
+"""Health for load balancers and operators, and the metrics for Prometheus.
 
 ``/healthz`` says the process answers: no database, no login, nothing to
 wait on. ``/readyz`` says it can serve: the database answers, every
@@ -18,10 +18,12 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse, HttpResponseForbidden, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from studio.metrics import registry
 from studio.operators import is_operator
 from studio.runtime import runtime
 
@@ -108,3 +110,14 @@ async def _sandbox() -> tuple[bool, str]:
         return True, "off (STUDIO_SANDBOX=none)"
     path = shutil.which("bwrap")
     return (True, path) if path else (False, "bubblewrap (bwrap) is not installed")
+
+
+@login_not_required
+@never_cache
+@require_GET
+async def metrics(request) -> HttpResponse:
+    """The metrics (``studio.metrics``), in Prometheus' format, for operators."""
+    if not await is_operator(request):
+        return HttpResponseForbidden("Metrics are for staff, or a bearer of STUDIO_HEALTH_TOKEN.\n")
+    body = await runtime().off_loop(lambda: generate_latest(registry()))
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -1,4 +1,6 @@
-"""Prometheus metrics, named ``studio_…``, served on ``/metrics`` to operators.
+"""Prometheus metrics, named ``studio_…``, served on ``/metrics`` to operators
+(the view is ``studio.health.metrics``: this module is definitions only, so
+the code that counts imports no runtime).
 
 Events (decisions, tool calls, model requests, failures, rule hits) are
 counted where they happen, in the process they happen in. With
@@ -11,27 +13,9 @@ the apps add (``collectors``): the same answer from every process.
 
 from __future__ import annotations
 
-import logging
 import os
 
-from django.contrib.auth.decorators import login_not_required
-from django.http import HttpResponse, HttpResponseForbidden
-from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    generate_latest,
-    multiprocess,
-)
-
-from studio.operators import is_operator
-from studio.runtime import runtime
-
-logger = logging.getLogger(__name__)
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, multiprocess
 
 # Seconds to a person's decision reach from moments to days.
 DECISION_BUCKETS = (1, 5, 15, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, 3 * 24 * 3600)
@@ -95,13 +79,3 @@ def registry() -> CollectorRegistry:
     for collector in _collectors:
         scrape.register(collector)
     return scrape
-
-
-@login_not_required
-@never_cache
-@require_GET
-async def metrics(request) -> HttpResponse:
-    if not await is_operator(request):
-        return HttpResponseForbidden("Metrics are for staff, or a bearer of STUDIO_HEALTH_TOKEN.\n")
-    body = await runtime().off_loop(lambda: generate_latest(registry()))
-    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

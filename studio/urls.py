@@ -7,7 +7,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from studio import health, metrics
+from studio import health
 
 urlpatterns = [
     # Pages name their icon; this answers browsers that ask for the old name
@@ -19,7 +19,7 @@ urlpatterns = [
     # For load balancers and monitoring (studio.health, studio.metrics).
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
-    path("metrics", metrics.metrics, name="metrics"),
+    path("metrics", health.metrics, name="metrics"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

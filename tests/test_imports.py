@@ -5,7 +5,8 @@
   settings, URLs and the ASGI application);
 * no import cycle between Studio's modules;
 * ``chat.llm`` and ``chat.tools`` are pure clients and executors: they import
-  neither ``approvals`` nor the ORM (``django.db``).
+  neither ``approvals`` nor the ORM (``django.db``), and what they count with
+  (``studio.metrics``) imports no runtime and no view.
 """
 
 from __future__ import annotations
@@ -93,6 +94,13 @@ def test_llm_clients_and_tools_import_neither_approvals_nor_the_orm():
                 if imported.startswith(("approvals", "django.db")):
                     offenders.add((module_name(path), imported))
     assert offenders == set()
+
+
+def test_the_metrics_module_is_definitions_only():
+    """Issue 54: the /metrics view lived in studio.metrics, so every module that
+    counts (the sandbox, the agent) imported the process runtime through it."""
+    imported = imports_of(ROOT / "studio" / "metrics.py")
+    assert not {m for m in imported if m.startswith(("studio.runtime", "django.http"))}, imported
 
 
 def test_no_import_cycles():
