@@ -23,6 +23,7 @@ from chat.llm import default_model_label
 from chat.models import Conversation, LanguageModel, Message, Run
 from chat.services import conversation_list, conversation_retryable, regenerate_point
 from chat.tools import builtin_tools
+from chat.tools.base import LIVE_LINES
 from chat.workspace import workspace_files
 
 
@@ -124,10 +125,6 @@ def stream_delta(stream_id: str, text: str) -> str:
 
 def stream_drop(stream_id: str) -> str:
     return f'<div id="{stream_id}" hx-swap-oob="delete"></div>'
-
-
-# The last lines of a running call's output its card shows.
-LIVE_LINES = 30
 
 
 def tool_live(message_id: int, call_id: str, text: str) -> str:

@@ -41,6 +41,8 @@ RunFn = Callable[..., ToolResult]
 # from the thread the call runs on, at most every LIVE_SECONDS.
 Progress = Callable[[str], None]
 LIVE_SECONDS = 0.25
+# The last lines of it a card shows.
+LIVE_LINES = 30
 
 
 @dataclass(frozen=True)

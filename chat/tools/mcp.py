@@ -29,7 +29,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chat.tools.base import LIVE_SECONDS, Progress, Tool, ToolResult
+from chat.tools.base import LIVE_LINES, LIVE_SECONDS, Progress, Tool, ToolResult
 from chat.tools.images import IMAGE_TYPES, human_size, max_bytes, store
 from chat.tools.server_sandbox import server_argv
 from studio.cancel import CancelToken
@@ -500,15 +500,13 @@ class ServerProgress:
     """What a server reported of a call's progress: heard on the hub's loop,
     handed over on the call's own thread (the step's publisher is that thread's)."""
 
-    LINES = 30
-
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.last: list[str] | None = None  # the lines handed over last
 
     async def heard(self, progress: float, total: float | None, message: str | None) -> None:
         done = f"{progress:g}" + (f" of {total:g}" if total else "")
-        self.lines = [*self.lines, f"{done}: {message}" if message else done][-self.LINES :]
+        self.lines = [*self.lines, f"{done}: {message}" if message else done][-LIVE_LINES:]
 
     def hand_over(self, progress: Progress) -> None:
         lines = self.lines  # one read: the loop replaces the list, never changes it
