@@ -152,6 +152,10 @@ class Run(models.Model):
     # The channel of the process stepping the run (Stop is sent there); blank
     # while it waits.
     owner = models.CharField(max_length=200, blank=True)
+    # Where the owner runs (``studio.process.identity``), written with it: a
+    # process on the same host sees at once that it died, without waiting
+    # for its heartbeat to go stale.
+    owner_process = models.CharField(max_length=120, blank=True)
     # The approval id of the call it waits on, while it waits.
     waiting_on = models.CharField(max_length=64, blank=True)
     # Stop was pressed: whoever steps the run next ends it.

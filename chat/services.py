@@ -23,6 +23,7 @@ from chat.models import Conversation, LanguageModel, Message, Run
 from chat.tools import builtin_tools
 from chat.tools.images import storage_name
 from chat.tools.sessions import SESSIONS
+from studio import process
 from studio.cancel import CancelToken
 from studio.runtime import runtime
 from studio.sessions import session_digest
@@ -340,6 +341,7 @@ def run_create(
                 conversation=conversation,
                 started_by=conversation.owner,
                 owner=owner,
+                owner_process=process.identity() if owner else "",
                 stepped_by=owner,
                 # No owner: a process that steps no runs hands it to one that does.
                 handed_over=not owner,

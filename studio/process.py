@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 from pathlib import Path
 
 from django.conf import settings
@@ -50,3 +51,41 @@ def compile_templates() -> list[str]:
     for name in sorted(names):
         get_template(name)
     return names
+
+
+def identity() -> str:
+    """Where this process runs, as its runs' rows name it: the host's boot, its
+    pid namespace, its pid and its start time; "" where /proc cannot tell."""
+    global _identity
+    if _identity is None:
+        _identity = _describe(os.getpid()) or ""
+    return _identity
+
+
+def gone(process: str) -> bool:
+    """Whether the process ``identity()`` named has surely exited: only a process
+    of this host's boot and pid namespace can be looked up; any other may be
+    alive (its heartbeat says when it is not)."""
+    here = identity()
+    if not process or not here or process == here:
+        return False
+    parts = process.split("/")
+    if len(parts) != 4 or parts[:2] != here.split("/")[:2] or not parts[2].isdigit():
+        return False
+    pid = parts[2]
+    return _describe(int(pid)) != process
+
+
+_identity: str | None = None
+
+
+def _describe(pid: int) -> str | None:
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink("/proc/self/ns/pid").removeprefix("pid:").strip("[]")
+        # The start time (in clock ticks since boot) tells a pid reused by a
+        # later process apart; it is the 20th field after the command's ")".
+        started = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+    return f"{boot}/{namespace}/{pid}/{started}"

@@ -21,7 +21,8 @@ so two processes never both win one::
 each of that step's writes: a step whose run was claimed since (it paused
 past ``STUDIO_RUN_STALE_SECONDS``) is fenced out and writes nothing more.
 ``run_heartbeat`` keeps the working runs alive and says which were lost or
-stopped; ``runs_to_resume`` is what a sweep may claim.
+stopped; an owner that exited on this host is known at once
+(``processes_gone``), not only by its stale heartbeat; ``runs_to_resume`` is what a sweep may claim.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from django.utils import timezone
 from approvals.models import ToolApproval
 from approvals.services.waiting import approval_cancel_run, approvals_time_out
 from chat.models import Run
+from studio import process
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +75,7 @@ def run_claim(*, run_id: str, owner: str) -> Claim | None:
         return None
     now = timezone.now()
     stale = run.heartbeat_at < now - timedelta(seconds=settings.STUDIO_RUN_STALE_SECONDS)
-    if run.owner and not stale:
+    if run.owner and not stale and not process.gone(run.owner_process):
         return None  # being stepped
     started = run.handed_over and not run.owner
     resumed = bool(run.owner) or (not run.waiting_on and not started)
@@ -87,6 +89,7 @@ def run_claim(*, run_id: str, owner: str) -> Claim | None:
         )
     won = claimable.update(
         owner=owner,
+        owner_process=process.identity(),
         stepped_by=owner,
         waiting_on="",
         heartbeat_at=now,
@@ -245,9 +248,8 @@ def runs_to_resume(*, since: datetime | None = None) -> list[str]:
     approvals_time_out()
     now = timezone.now()
     running = Run.objects.running()
-    dead = running.exclude(owner="").filter(
-        heartbeat_at__lt=now - timedelta(seconds=settings.STUDIO_RUN_STALE_SECONDS)
-    )
+    stale = Q(heartbeat_at__lt=now - timedelta(seconds=settings.STUDIO_RUN_STALE_SECONDS))
+    dead = running.exclude(owner="").filter(stale | Q(owner_process__in=processes_gone()))
     left = running.filter(owner="", waiting_on="")
     waiting = running.filter(owner="").exclude(waiting_on="")
     if since is None:
@@ -260,6 +262,23 @@ def runs_to_resume(*, since: datetime | None = None) -> list[str]:
     for runs in (dead, left, decided):
         ids += [str(i) for i in runs.values_list("id", flat=True)[: SWEEP_BATCH - len(ids)]]
     return ids
+
+
+def processes_gone() -> list[str]:
+    """Processes of this host that own runs and have exited: a restart (or a
+    crash) is known at once, not after STUDIO_RUN_STALE_SECONDS."""
+    here = process.identity()
+    if not here:
+        return []
+    owners = (
+        Run.objects.running()
+        .exclude(owner="")
+        .filter(owner_process__startswith=here.rsplit("/", 2)[0] + "/")
+        .exclude(owner_process=here)
+        .values_list("owner_process", flat=True)
+        .distinct()
+    )
+    return [owner for owner in owners if process.gone(owner)]
 
 
 # The quick sweep reaches this far before the previous one (clock skew

@@ -133,6 +133,40 @@ def test_a_call_running_when_its_process_was_killed_is_reported_never_rerun(
     assert run_of(conversation).resumes == 1
 
 
+def test_a_restart_reports_a_killed_call_at_once(
+    redis_server, workspace_root, tmp_path, conversation, alice
+):
+    """The tab hears of a call its killed process left at once, not after the
+    heartbeat goes stale: the process started in its place sees it is gone."""
+    env = cluster_env(redis_server.url, workspace_root) | {"STUDIO_RUN_STALE_SECONDS": "600"}
+    session = session_cookie(alice)
+    marks = conversation.workspace / "marks.txt"
+    code = "open('marks.txt', 'a').write('ran\\n'); import time; time.sleep(60)"
+    a = LiveServer(log_path=tmp_path / "a.log", **env).start()
+    try:
+        tab, approval_id = park_a_run(a, conversation, session, code)
+        page = Browserish(a.url, session)
+        assert page.decide(approval_id, "allow").status_code == 200
+        page.close()
+        until(lambda: marks.exists(), "the call start")
+        a.kill()
+        killed = time.monotonic()
+        tab.ws.close()
+    finally:
+        a.stop()
+    again = LiveServer(log_path=tmp_path / "again.log", **env).start()
+    try:
+        tab = Tab(again.ws_url, conversation.pk, session, origin=again.url)
+        tab.until("the server stopped while this ran", timeout=BOUND)
+        assert time.monotonic() - killed < BOUND, "reported only when the heartbeat went stale"
+        until(lambda: run_of(conversation).status == "done", "the resumed run's end")
+        tab.close()
+    finally:
+        again.stop()
+    assert marks.read_text() == "ran\n", "the interrupted call ran again"
+    assert run_of(conversation).resumes == 1
+
+
 def test_two_processes_race_to_resume_one_run(cluster, alice):
     """Decided behind both processes' backs: both sweeps find the run at once."""
     a, b = cluster
