@@ -56,7 +56,7 @@ def test_a_new_chat_opens_on_its_message_box(sized, studio_server, member, width
     assert page.title().startswith("print(6 * 7) · Studio")
 
 
-@pytest.mark.parametrize("width", [1280, 390])
+@pytest.mark.parametrize("width", WIDTHS)
 def test_a_waiting_card_is_never_under_the_message_box(sized, studio_server, member, width):
     page = sized
     page.set_viewport_size({"width": width, "height": HEIGHT})
@@ -111,7 +111,7 @@ def test_a_phone_shows_no_key_hints_and_a_placeholder_that_fits(browser, studio_
         context.close()
 
 
-@pytest.mark.parametrize("width", [390, 1280])
+@pytest.mark.parametrize("width", WIDTHS)
 def test_a_running_call_shows_its_output_as_it_comes(
     sized, studio_server, member, width, artifacts
 ):
@@ -152,7 +152,7 @@ PASTE = """([name, text]) => {
 }"""
 
 
-@pytest.mark.parametrize("width", [390, 1280])
+@pytest.mark.parametrize("width", WIDTHS)
 def test_files_go_with_a_message(sized, studio_server, member, width, artifacts):
     """Issue 55: files chosen by the paperclip, dropped on the box or pasted into
     it go with the message: uploaded first (all or none), named to the model."""

@@ -50,6 +50,11 @@ def test_the_narrowest_always_allow_comes_first_and_failures_read_as_words(
     # A call that needed the network is told, in words, that tools have none.
     code = "import urllib.request; urllib.request.urlopen('http://example.com', timeout=5)"
     card = card_for(page, f"run python: {code}")
+    # Said before anyone approves it, beside the buttons, not under the fold.
+    warned = card.locator("[data-no-network]")
+    assert "this code opens network connections" in warned.inner_text()
+    box = warned.bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= width
     card.locator("button[value=allow]").click()
     said = page.locator(".tool-error-line", has_text="exited with status 1")
     said.wait_for()  # above the folded traceback, not inside it

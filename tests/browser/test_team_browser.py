@@ -170,7 +170,7 @@ def test_the_inbox_filters_batches_confirms_and_remembers(
     context.close()
 
 
-@pytest.mark.parametrize("width", [390, 1280])
+@pytest.mark.parametrize("width", [390, 1024, 1280])
 def test_a_chat_shared_read_only_with_the_team(browser, studio_server, member, settings, width):
     """Issue 55: a member shares a chat; a teammate reads it, its calls and how
     they were decided, with no button to press; unshared, it is gone for them."""
