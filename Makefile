@@ -29,7 +29,13 @@ run: $(VENV)/.runtime
 	@echo "Serving Studio on http://$(HOST):$(PORT)/ (Ctrl-C stops it)"
 	$(VENV)/bin/daphne -b $(HOST) -p $(PORT) studio.asgi:application
 
-test: $(VENV)/.dev
+# The OpenID Connect provider the sign-in tests run (tests/oidc/provider.mjs).
+tests/oidc/node_modules/.installed: tests/oidc/package.json tests/oidc/package-lock.json
+	./scripts/ensure-system-packages nodejs:node npm:npm
+	npm ci --prefix tests/oidc --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: $(VENV)/.dev tests/oidc/node_modules/.installed
 	./scripts/ensure-system-packages chromium:chromium bubblewrap:bwrap python3-matplotlib:py:matplotlib nginx:nginx openssl:openssl prometheus:prometheus systemd:systemd-analyze
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

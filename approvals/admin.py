@@ -14,7 +14,7 @@ from django.utils.html import format_html
 
 from approvals.dashboard import OUTCOMES, PERIODS, charts, dashboard_data
 from approvals.export import jsonl_line
-from approvals.models import ENDED_REASONS, ToolApproval, ToolRule
+from approvals.models import ENDED_REASONS, ProviderIdentity, ToolApproval, ToolRule, signed_in_as
 from approvals.services.rules import policy_rules, tool_names
 from approvals.templatetags.approvals_tags import edit_diff
 from studio.text import canonical_json, short
@@ -51,6 +51,7 @@ CSV_FIELDS = [
     "decided_ip",
     "decided_user_agent",
     "decided_request_id",
+    "decided_by_identity",
 ]
 
 
@@ -61,9 +62,9 @@ def export_csv(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
     response["Content-Disposition"] = f'attachment; filename="tool-approvals-{stamp}.csv"'
     writer = csv.writer(response)
     writer.writerow(CSV_FIELDS)
-    rows = queryset.select_related("conversation", "requested_by", "decided_by").order_by(
-        "requested_at"
-    )
+    rows = queryset.select_related(
+        "conversation", "requested_by", "decided_by__provider_identity"
+    ).order_by("requested_at")
     for a in rows.iterator():
         cells = [
             a.approval_id,
@@ -96,6 +97,7 @@ def export_csv(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
             a.decided_ip or "",
             a.decided_user_agent,
             a.decided_request_id,
+            signed_in_as(a.decided_by),
         ]
         writer.writerow([csv_safe(str(cell)) for cell in cells])
     return response
@@ -204,14 +206,15 @@ class ToolApprovalAdmin(admin.ModelAdmin):
         "conversation__title",
     ]
     date_hierarchy = "requested_at"
-    list_select_related = ["conversation", "requested_by", "decided_by"]
+    list_select_related = ["conversation", "requested_by", "decided_by__provider_identity"]
     actions = [export_csv, export_jsonl]
     show_full_result_count = False
     fieldsets = [
         ("The call", {"fields": ["tool_name", "arguments_pretty", "approved_pretty", "edits",
                                  "tool_hints", "subject"]}),
         ("The decision", {"fields": ["status", "reason", "why", "requested_by", "requested_at",
-                                     "decided_by", "reviewer", "decided_at", "decision_time",
+                                     "decided_by", "decided_by_identity", "reviewer", "decided_at",
+                                     "decision_time",
                                      "decided_ip", "decided_user_agent", "decided_request_id",
                                      "note", "rule"]}),
         ("What it gave back", {"fields": ["run_outcome", "run_time", "interpreter_session",
@@ -226,6 +229,7 @@ class ToolApprovalAdmin(admin.ModelAdmin):
     ]  # fmt: skip
     readonly_fields = [
         "decision_time",
+        "decided_by_identity",
         "run_time",
         "arguments_pretty",
         "approved_pretty",
@@ -268,9 +272,21 @@ class ToolApprovalAdmin(admin.ModelAdmin):
     def decider(self, obj: ToolApproval) -> str:
         if obj.decided_by is None:
             return "—"
+        # Signed in through the team's provider: who it says they are, on hover.
+        who = format_html(
+            '<span title="{}">{}</span>',
+            signed_in_as(obj.decided_by) or "a local account",
+            obj.decided_by.get_username(),
+        )
         if obj.needs_review:  # four eyes: the one who decided was a reviewer
-            return format_html("{} <small>(reviewer)</small>", obj.decided_by.get_username())
-        return obj.decided_by.get_username()
+            return format_html("{} <small>(reviewer)</small>", who)
+        return who
+
+    @admin.display(description="decided by, at the sign-in provider")
+    def decided_by_identity(self, obj: ToolApproval) -> str:
+        if obj.decided_by is None:
+            return "—"
+        return signed_in_as(obj.decided_by) or "a local account (no sign-in provider)"
 
     @admin.display(description="reason", ordering="reason")
     def reason_short(self, obj: ToolApproval) -> str:
@@ -499,3 +515,22 @@ class ToolRuleAdmin(admin.ModelAdmin):
         if not change:
             obj.created_by = request.user
         super().save_model(request, obj, form, change)
+
+
+@admin.register(ProviderIdentity)
+class ProviderIdentityAdmin(admin.ModelAdmin):
+    """Which member each sign-in provider identity is (made at their first sign-in).
+
+    Read-only but for deleting one: the member's next sign-in then makes a new
+    account, or links by email where STUDIO_OIDC_LINK_BY_EMAIL allows."""
+
+    list_display = ["user", "subject", "issuer", "groups", "linked_at"]
+    search_fields = ["user__username", "subject"]
+    list_select_related = ["user"]
+    readonly_fields = ["user", "issuer", "subject", "groups", "linked_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False

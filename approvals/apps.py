@@ -8,6 +8,7 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from approvals import signin  # noqa: F401  (its login and logout receivers)
         from approvals.metrics import WaitingCalls
         from approvals.webhook import webhook_loop
         from studio.metrics import collector_add

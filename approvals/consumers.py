@@ -26,6 +26,8 @@ REFRESH_SECONDS = 0.1
 # Close codes the page understands (studio.js): it stops reconnecting and says why.
 CLOSE_LOGGED_OUT = 4401
 CLOSE_NOT_FOUND = 4404
+# Not final: the page reconnects at once.
+CLOSE_ROLES_CHANGED = 4409
 
 SESSION_ENDED = "Your session has ended (logged out, or the account changed). Log in again."
 
@@ -222,6 +224,10 @@ class MemberSocket(AsyncWebsocketConsumer):
     async def session_check(self, event: dict) -> None:
         """The member logged out or their account changed somewhere: re-check now."""
         await self._session_ended(ended=event.get("ended", ""))
+
+    async def roles_changed(self, event: dict) -> None:
+        """The member's roles changed at a sign-in: reconnect, to join what they give now."""
+        await self.close(code=CLOSE_ROLES_CHANGED)
 
     async def rule_hit(self, event: dict) -> None:
         """A rule of the member's was used: only a chat tab shows the count."""

@@ -412,3 +412,36 @@ class InboxPreference(models.Model):
 
     def __str__(self) -> str:
         return f"inbox preferences of {self.user}"
+
+
+class ProviderIdentity(models.Model):
+    """Who a member is at the team's OpenID Connect provider: its issuer and
+    subject, which never change, link the account (approvals/signin.py)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="provider_identity"
+    )
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    linked_at = models.DateTimeField(auto_now_add=True)
+    # The provider's groups at the last sign-in, as its claim said (for the admin).
+    groups = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="one_account_per_identity")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subject} at {self.issuer}"
+
+
+def signed_in_as(user) -> str:
+    """Who ``user`` is at the sign-in provider ("subject at issuer"), or "" for a local account."""
+    if user is None:
+        return ""
+    try:
+        identity = user.provider_identity
+    except ProviderIdentity.DoesNotExist:
+        return ""
+    return str(identity)

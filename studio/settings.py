@@ -94,8 +94,46 @@ MIDDLEWARE = [
 AUTHENTICATION_BACKENDS = [
     # First: refuses a locked-out login before any password is checked.
     "axes.backends.AxesStandaloneBackend",
+    # Refuses passwords when STUDIO_PASSWORD_LOGIN is off, but the break-glass account's.
+    "approvals.signin.PasswordsOff",
     "django.contrib.auth.backends.ModelBackend",
 ]
+
+# Sign-in with the team's OpenID Connect provider (approvals/signin.py). Unset
+# issuer: only passwords, as before.
+STUDIO_OIDC_ISSUER = env_str("STUDIO_OIDC_ISSUER").rstrip("/")
+STUDIO_OIDC_LABEL = env_str("STUDIO_OIDC_LABEL", "your team's sign-in")
+# The claim that names the member in Studio (their username); the provider's
+# ``sub`` is what links the account, so a renamed member stays who they were.
+STUDIO_OIDC_USERNAME_CLAIM = env_str("STUDIO_OIDC_USERNAME_CLAIM", "preferred_username")
+STUDIO_OIDC_GROUPS_CLAIM = env_str("STUDIO_OIDC_GROUPS_CLAIM", "groups")
+# Provider groups (comma-separated) whose members get each role at each login.
+STUDIO_OIDC_REVIEWER_GROUPS = env_list("STUDIO_OIDC_REVIEWER_GROUPS", [])
+STUDIO_OIDC_STAFF_GROUPS = env_list("STUDIO_OIDC_STAFF_GROUPS", [])
+STUDIO_OIDC_SUPERUSER_GROUPS = env_list("STUDIO_OIDC_SUPERUSER_GROUPS", [])
+# A first sign-in may take over a local account with the same verified email.
+STUDIO_OIDC_LINK_BY_EMAIL = env_bool("STUDIO_OIDC_LINK_BY_EMAIL", False)
+# Off: the password form is hidden and refused, but for this one superuser.
+STUDIO_PASSWORD_LOGIN = env_bool("STUDIO_PASSWORD_LOGIN", True)
+STUDIO_BREAK_GLASS_USER = env_str("STUDIO_BREAK_GLASS_USER")
+# mozilla-django-oidc's settings, from Studio's; its backend signs nobody in
+# while STUDIO_OIDC_ISSUER is unset.
+AUTHENTICATION_BACKENDS.append("approvals.signin.ProviderBackend")
+OIDC_RP_CLIENT_ID = env_str("STUDIO_OIDC_CLIENT_ID")
+OIDC_RP_CLIENT_SECRET = (
+    Path(env_str("STUDIO_OIDC_CLIENT_SECRET_FILE")).read_text().strip()
+    if env_str("STUDIO_OIDC_CLIENT_SECRET_FILE")
+    else env_str("STUDIO_OIDC_CLIENT_SECRET")
+)
+OIDC_RP_SCOPES = env_str("STUDIO_OIDC_SCOPES", "openid email profile groups")
+OIDC_RP_SIGN_ALGO = env_str("STUDIO_OIDC_SIGN_ALGO", "RS256")
+OIDC_USE_PKCE = True
+OIDC_USE_NONCE = True
+OIDC_STORE_ID_TOKEN = True  # the hint for the provider's logout
+OIDC_TIMEOUT = env_float("STUDIO_OIDC_TIMEOUT_SECONDS", 10, minimum=0.1)
+# Endpoints come from the provider's discovery document (approvals/signin.py).
+OIDC_OP_AUTHORIZATION_ENDPOINT = OIDC_OP_TOKEN_ENDPOINT = ""
+OIDC_OP_USER_ENDPOINT = OIDC_OP_JWKS_ENDPOINT = ""
 # Login throttling for a team app: a username is locked for a while after a
 # few failures *from one address*, so nobody can lock a colleague out from
 # elsewhere by guessing at their name.

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
 from django.templatetags.static import static
 from django.urls import include, path
@@ -20,8 +19,7 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", health.metrics, name="metrics"),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
-    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/", include("approvals.signin_urls")),
     path("admin/", admin.site.urls),
     path("approvals/", include("approvals.urls")),
     path("", include("chat.urls")),

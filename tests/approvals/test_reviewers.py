@@ -195,6 +195,6 @@ def test_the_admin_shows_who_asked_and_who_reviewed(conversation, alice, reviewe
     approval_decide(approval_id=row.approval_id, user=reviewer, decision="allow")
     admin = client_for(admin_user)
     listing = admin.get(reverse("admin:approvals_toolapproval_changelist")).content.decode()
-    assert "rita <small>(reviewer)</small>" in listing and "alice" in listing
+    assert "rita</span> <small>(reviewer)</small>" in listing and "alice" in listing
     detail = admin.get(reverse("admin:approvals_toolapproval_change", args=[row.pk]))
     assert "rita" in detail.content.decode()
