@@ -29,13 +29,28 @@ OUTPUT_SUMMARY_BYTES = 64 * 1024
 
 
 def can_review(user) -> bool:
-    """Holds "Can review approvals" (given through groups in the admin)."""
-    return bool(
-        user is not None
-        and user.is_authenticated
-        and user.is_active
-        and user.has_perm(REVIEW_PERMISSION)
-    )
+    """Holds "Can review approvals" (given through groups in the admin, or to the member).
+
+    One query, kept on the user object for its request or socket: Django's
+    ``has_perm`` reads every permission the member has, through two queries,
+    to answer for this one (a tab opening asks twice).
+    """
+    if user is None or not user.is_authenticated or not user.is_active:
+        return False
+    if user.is_superuser:
+        return True
+    known = getattr(user, "studio_can_review", None)
+    if known is None:
+        from django.contrib.auth.models import Permission
+
+        app_label, codename = REVIEW_PERMISSION.split(".")
+        known = (
+            Permission.objects.filter(content_type__app_label=app_label, codename=codename)
+            .filter(Q(user=user) | Q(group__user=user))
+            .exists()
+        )
+        user.studio_can_review = known
+    return known
 
 
 @dataclass(frozen=True)

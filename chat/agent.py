@@ -185,6 +185,8 @@ class Agent:
         # What the model is sent: built from the rows, then kept up to date.
         self.transcript: list[dict] = []
         self._fencing = False  # inside a fenced write (nested writes share it)
+        # The run ended with the model's final answer: no call of it can be pending.
+        self.answered_all = False
 
     # -- the step -------------------------------------------------------------------
 
@@ -199,8 +201,10 @@ class Agent:
             ended = True
             yield events.Done(cancelled=True)
         finally:
-            # A run that ended leaves no call pending (calls after a Stop).
-            if ended and not self.cancel.abandoned:
+            # A run that ended leaves no call pending (calls after a Stop). One
+            # that ended with the model's answer has none: every call of every
+            # turn was answered before the model was asked again.
+            if ended and not self.cancel.abandoned and not self.answered_all:
                 with contextlib.suppress(Abandoned), self._fenced():
                     approval_cancel_run(run_id=self.run_id)
 
@@ -278,6 +282,7 @@ class Agent:
                 calls=tuple(events.CallView(c.id, c.name, c.arguments or {}) for c in calls),
             )
             if not calls:
+                self.answered_all = True
                 yield events.Done()
                 return True
             if self.rounds >= self.knobs.max_iterations:
