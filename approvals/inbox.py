@@ -27,6 +27,19 @@ def _waiting_for(user_pk: int, *, reviewer: bool, own_reviews: bool = True):
     return ToolApproval.objects.pending().filter(mine)
 
 
+def touched_since(user, since) -> bool:
+    """Whether any approval the member's count or sidebar shows came or was decided
+    at ``since`` or later (a page drawn then may show them wrong)."""
+    mine = Q(conversation__owner_id=user.pk)
+    if can_review(user):
+        mine |= Q(needs_review=True)
+    return (
+        ToolApproval.objects.filter(mine)
+        .filter(Q(requested_at__gte=since) | Q(decided_at__gte=since))
+        .exists()
+    )
+
+
 def inbox_queryset(user):
     """Every pending approval ``user`` may decide (or, as the member, deny), newest first."""
     if user is None or not user.is_authenticated:

@@ -1,21 +1,51 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
+from urllib.parse import parse_qs
+
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
 
 from approvals.consumers import MemberSocket, off_loop
-from approvals.inbox import count_badge, inbox_count
+from approvals.inbox import count_badge, inbox_count, touched_since
 from approvals.models import ToolApproval
 from chat import render
 from chat.engine import run_edit, run_launch, run_regenerate, run_retry, run_stop
 from chat.limits import MAX_FRAME, MAX_MESSAGE
-from chat.models import Conversation
+from chat.models import Conversation, Run
 from chat.workspace import attached_note, with_attached
 from studio.logs import log_context_keep
 from studio.text import strip_nul
 
+# A page's first socket names when it was drawn; a later one may have missed
+# anything, and so may a page older than this.
+DRAWN_FOR = timedelta(seconds=60)
+
+
+def page_drawn_at(query_string: bytes) -> datetime | None:
+    """The page's ``since`` (seconds since the epoch, as the server drew it), if
+    recent; None otherwise (the whole state is sent)."""
+    values = parse_qs(query_string.decode("latin-1")).get("since", [])
+    if len(values) != 1 or not values[0].isdigit():
+        return None
+    try:
+        drawn = datetime.fromtimestamp(int(values[0]), tz=UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
+    age = timezone.now() - drawn
+    return drawn if timedelta(0) <= age + timedelta(seconds=1) <= DRAWN_FOR else None
+
 
 def _conversation_for(conversation_id: int, user) -> Conversation | None:
-    return Conversation.objects.owned_by(user).filter(pk=conversation_id).first()
+    """The member's conversation, with whether a run of it is going (``running``)."""
+    running = Run.objects.running().filter(conversation=OuterRef("pk"))
+    return (
+        Conversation.objects.owned_by(user)
+        .filter(pk=conversation_id)
+        .annotate(running=Exists(running))
+        .first()
+    )
 
 
 def _attached(conversation_id: int, names: object) -> tuple[str | None, str]:
@@ -41,6 +71,9 @@ class ChatConsumer(MemberSocket):
 
     conversation_id: int | None = None
     admitted: Conversation | None = None
+    # When the page this socket belongs to was drawn (its first connect only):
+    # its catch-up then sends only what the page lacks.
+    drawn_at: datetime | None = None
 
     def admit(self) -> bool:
         conversation_id = int(self.scope["url_route"]["kwargs"]["conversation_id"])
@@ -50,6 +83,7 @@ class ChatConsumer(MemberSocket):
         self.conversation_id = conversation_id
         self.group = conversation.group_name
         self.admitted = conversation  # the first catch-up's, read a moment ago
+        self.drawn_at = page_drawn_at(self.scope.get("query_string", b""))
         # Off the loop, yet the socket's task keeps it: sync_to_async carries
         # context variables back to its caller.
         log_context_keep(user_id=self.user.pk, conversation_id=conversation_id)
@@ -64,7 +98,12 @@ class ChatConsumer(MemberSocket):
         self.admitted = None  # a later catch-up (Redis forgot the groups) reads it again
         if conversation is None:
             return []
-        *transcript, last = render.catch_up(conversation)
+        drawn_at, self.drawn_at = self.drawn_at, None
+        if drawn_at is not None and not touched_since(self.user, drawn_at):
+            # The page has the panel, the count and the sidebar as they are:
+            # nothing the member's count or sidebar shows changed since.
+            return render.catch_up(conversation, conversation.running, with_settings=False)
+        *transcript, last = render.catch_up(conversation, conversation.running)
         return [
             *transcript,
             last + count_badge(inbox_count(self.user)) + render.waiting_markers(self.user),

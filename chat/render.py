@@ -7,6 +7,7 @@ message looks the same pushed over the socket or fetched with the page.
 from __future__ import annotations
 
 import functools
+import time
 
 from django.conf import settings
 from django.template.loader import render_to_string
@@ -269,8 +270,11 @@ def waiting_markers(user, *, approval_ids: list[str] | None = None) -> str:
 
 def page_context(conversation: Conversation) -> dict:
     """Everything ``chat/conversation.html`` shows."""
+    # Before anything is read: the socket asks what changed since (whole seconds, down).
+    drawn_at = int(time.time())
     running = Run.objects.running().filter(conversation=conversation).exists()
     return {
+        "drawn_at": drawn_at,
         **files_context(conversation),
         **list_context({}, conversation.owner, current=conversation.pk),
         **settings_context(conversation),
@@ -299,13 +303,16 @@ def review_context(conversation: Conversation, *, viewer) -> dict:
 FRAME_BUDGET = 192 * 1024
 
 
-def catch_up(conversation: Conversation) -> list[str]:
+def catch_up(conversation: Conversation, running: bool, *, with_settings: bool = True) -> list[str]:
     """Everything a (re)connecting tab needs to be current, transcript and run
-    state, as the frames to send: one, unless the transcript is too long for it."""
-    running = Run.objects.running().filter(conversation=conversation).exists()
+    state (``running``: whether a run is going; and the settings panel, unless
+    the page was just drawn with it), as the frames to send: one, unless the
+    transcript is too long for it."""
     state = run_controls(
         running=running, conversation_id=conversation.pk, **run_after(conversation, running)
-    ) + settings_panel(conversation, oob=True)
+    )
+    if with_settings:
+        state += settings_panel(conversation, oob=True)
     frames = transcript_frames(conversation)
     if len(frames[-1]) + len(state) <= FRAME_BUDGET:
         return [*frames[:-1], frames[-1] + state]

@@ -22,6 +22,18 @@
     el.textContent = label;
   }
 
+  // A chat page's first socket says when the page was drawn (?since=): the
+  // server then sends only what changed since. A reconnect may have missed
+  // anything, so it asks for everything. (htmx's documented hook for sockets.)
+  var opened = {};
+  htmx.createWebSocket = function (url) {
+    if (opened[url]) url = url.replace(/[?&]since=\d+/, "");
+    opened[url] = true;
+    var socket = new WebSocket(url, []);
+    socket.binaryType = htmx.config.wsBinaryType;
+    return socket;
+  };
+
   document.addEventListener("htmx:wsConnecting", function () { setConnection("connecting", "Connecting…"); });
   document.addEventListener("htmx:wsOpen", function () { setConnection("online", "Live"); });
   document.addEventListener("htmx:wsClose", function (evt) {

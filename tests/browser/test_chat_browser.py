@@ -258,6 +258,8 @@ def test_a_card_stays_live_across_a_server_restart(browser, member, workspace_ro
     context.set_default_timeout(TIMEOUT)
     try:
         page = context.new_page()
+        sockets = []
+        page.on("websocket", lambda ws: sockets.append(ws.url))
         start_chat(page, server)
         card = card_for(page, "run python: print(6 * 7)")
         deadline = time.monotonic() + TIMEOUT / 1000
@@ -270,6 +272,11 @@ def test_a_card_stays_live_across_a_server_restart(browser, member, workspace_ro
         successor = LiveServer(port=server.port, log_path=artifacts / "daphne-restart-2.log", **env)
         successor.start()
         page.wait_for_selector("#conn-state[data-state=online]")
+        # The page's first socket said when the page was drawn; the reconnect
+        # did not (it may have missed anything: it gets the whole state).
+        chat = [url for url in sockets if "/ws/c/" in url]
+        assert re.search(r"/ws/c/\d+/\?since=\d+$", chat[0]), chat
+        assert len(chat) >= 2 and all(url.endswith("/") for url in chat[1:]), chat
 
         card.locator("button[value=allow]").click()
         output(page, "42").wait_for()

@@ -19,7 +19,7 @@ from chat import render
 from chat.models import Message, Run
 from chat.runs.local import local_runs
 from studio.runtime import replace_runtime, restore_runtime, runtime
-from tests.factories import make_conversation
+from tests.factories import make_approval, make_conversation
 from tests.helpers.runtimes import cancel_local_runs
 from tests.helpers.sockets import closed_with, open_socket, receive_until, wait_for
 
@@ -174,6 +174,39 @@ async def test_connect_sends_the_current_state(conversation, alice):
     assert 'id="transcript"' in frame and "earlier" in frame
     assert 'id="run-controls"' in frame and 'data-running="false"' in frame
     await comm.disconnect()
+
+
+async def test_a_page_just_drawn_gets_only_what_it_lacks(conversation, alice):
+    """A page's first socket names when it was drawn: with nothing changed since,
+    the catch-up leaves out the settings panel, the count and the sidebar (the
+    page has them); once an approval came after it, they are sent too; a
+    reconnect (no ``since``) always gets them."""
+    other = await sync_to_async(make_conversation)(alice)
+    drawn = int(time.time())
+
+    def opening(since: int | None) -> str:
+        return f"/ws/c/{conversation.pk}/" + ("" if since is None else f"?since={since}")
+
+    comm, _, _ = await open_socket(conversation.pk, alice, path=opening(drawn))
+    frame = await comm.receive_from(timeout=BOUND)
+    assert 'id="transcript"' in frame and 'id="run-controls"' in frame
+    assert 'id="settings"' not in frame and "approvals-count" not in frame
+    assert "waiting-marker" not in frame
+    await comm.disconnect()
+
+    await sync_to_async(make_approval)(other)  # after the page was drawn
+    comm, _, _ = await open_socket(conversation.pk, alice, path=opening(drawn))
+    frame = await comm.receive_from(timeout=BOUND)
+    assert 'id="settings"' in frame and 'data-pending-count="1"' in frame
+    assert f'id="waiting-{other.pk}" class="waiting-marker" hx-swap-oob' in frame
+    await comm.disconnect()
+
+    for since in (None, drawn - 3600, drawn + 3600, "x"):
+        path = f"/ws/c/{conversation.pk}/?since={since}" if since == "x" else opening(since)
+        comm, _, _ = await open_socket(conversation.pk, alice, path=path)
+        frame = await comm.receive_from(timeout=BOUND)
+        assert 'id="settings"' in frame and 'data-pending-count="1"' in frame, since
+        await comm.disconnect()
 
 
 async def test_a_quick_answer_arrives_whole(conversation, alice):
