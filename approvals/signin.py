@@ -347,7 +347,7 @@ def member_roles_changed(user_id: int) -> None:
     """After commit, every open socket of the member reconnects, joining the
     groups its roles give now (a reviewer no more leaves the reviewers')."""
     message = {"type": "roles.changed"}
-    transaction.on_commit(lambda: runtime().outbox.group(member_group(user_id), message))
+    runtime().outbox.group_on_commit(member_group(user_id), message)
 
 
 def roles_follow(user, groups: set[str]) -> bool:

@@ -44,7 +44,7 @@ class RunBusy(Exception):
 def member_sessions_recheck(*, user_id: int, ended_session: str | None = None) -> None:
     """After commit, make every open socket of the member re-check its session."""
     message = {"type": "session.check", "ended": session_digest(ended_session)}
-    transaction.on_commit(lambda: runtime().outbox.group(member_group(user_id), message))
+    runtime().outbox.group_on_commit(member_group(user_id), message)
 
 
 def conversation_start(*, owner, title: str = "New chat") -> Conversation:

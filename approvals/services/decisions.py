@@ -473,7 +473,8 @@ def _card_message(approval: ToolApproval, html: str) -> dict:
 def inbox_broadcast(approval: ToolApproval) -> None:
     """Tell the inboxes (and header counts) of whoever may decide it that it came or went.
 
-    Ids only: each socket renders the card for its own member.
+    Ids only: each socket renders the card for its own member. Sent once the
+    transaction that changed the row commits.
     """
     message = {
         "type": "inbox.changed",
@@ -481,6 +482,6 @@ def inbox_broadcast(approval: ToolApproval) -> None:
         "pending": approval.is_pending,
     }
     outbox = runtime().outbox
-    outbox.group(member_group(approval.conversation.owner_id), message)
+    outbox.group_on_commit(member_group(approval.conversation.owner_id), message)
     if approval.needs_review:
-        outbox.group(REVIEWERS_GROUP, message)
+        outbox.group_on_commit(REVIEWERS_GROUP, message)

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import F
 from django.template.loader import render_to_string
 from django.utils import timezone
@@ -141,7 +140,7 @@ def _hits_broadcast(rule: ToolRule) -> None:
         "conversation_id": hit.conversation_id or 0,
         "html": render_to_string("approvals/_rule_hits.html", {"rule": hit, "oob": True}),
     }
-    transaction.on_commit(lambda: runtime().outbox.group(member_group(owner), message))
+    runtime().outbox.group_on_commit(member_group(owner), message)
 
 
 def _verdict(

@@ -74,7 +74,7 @@ def approval_request(
         **_rule_fields(verdict),
     )
     # Once committed: an inbox that hears of it must find the row.
-    transaction.on_commit(lambda: inbox_broadcast(approval))
+    inbox_broadcast(approval)
     return approval
 
 
