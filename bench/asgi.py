@@ -11,7 +11,7 @@ import time
 
 from studio.asgi import application  # noqa: F401 - sets Django up first  # isort: skip
 
-import chat.engine  # noqa: E402
+import chat.runs.driver  # noqa: E402
 import chat.tools  # noqa: E402
 from chat.llm.base import TextDelta, ToolCall, TurnEnd, new_call_id  # noqa: E402
 from chat.tools.base import Tool, ToolResult  # noqa: E402
@@ -61,4 +61,4 @@ def bench_model(choice: str = "") -> BenchModel:
     return BenchModel()
 
 
-chat.engine.get_model = bench_model
+chat.runs.driver.get_model = bench_model

@@ -17,8 +17,9 @@ class ChatConfig(AppConfig):
         import studio.signals  # noqa: F401 - connects the SQLite permission guard
         from approvals.services.rules import call_reader_install, tool_names_install
         from approvals.signals import calls_settled
-        from chat import engine, mcp
+        from chat import mcp
         from chat.metrics import RunStates
+        from chat.runs import commands, upkeep
         from chat.services import python_session_current
         from chat.toolbox import call_reading, tool_names
         from chat.tools import sandbox
@@ -32,14 +33,14 @@ class ChatConfig(AppConfig):
         # A python session asks the conversation's row whether Stop or Restart ended it.
         SESSIONS.is_current = python_session_current
         rt = runtime()
-        rt.inbox.register("run.cancel", engine.cancel_from_message)
-        rt.inbox.register("runs.resume", engine.resume_from_message)
-        rt.services.append(engine.heartbeat)
-        rt.services.append(engine.sweep)
-        rt.on_exit.append(engine.wind_down)
+        rt.inbox.register("run.cancel", commands.cancel_from_message)
+        rt.inbox.register("runs.resume", commands.resume_from_message)
+        rt.services.append(upkeep.heartbeat)
+        rt.services.append(upkeep.sweep)
+        rt.on_exit.append(upkeep.wind_down)
         rt.on_exit.append(lambda rt: SESSIONS.end_all())
         rt.on_exit.append(mcp.close_hub)
-        calls_settled.connect(engine.on_calls_settled, dispatch_uid="chat.resume_runs")
+        calls_settled.connect(commands.on_calls_settled, dispatch_uid="chat.resume_runs")
         collector_add(RunStates())
 
         if sandbox.sandbox_mode() == "none":

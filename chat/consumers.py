@@ -11,9 +11,9 @@ from approvals.consumers import MemberSocket, off_loop
 from approvals.inbox import count_badge, inbox_count, touched_since
 from approvals.models import ToolApproval
 from chat import render
-from chat.engine import run_edit, run_launch, run_regenerate, run_retry, run_stop
 from chat.limits import MAX_FRAME, MAX_MESSAGE
 from chat.models import Conversation, Run
+from chat.runs.commands import run_edit, run_launch, run_regenerate, run_retry, run_stop
 from chat.workspace import attached_note, with_attached
 from studio.logs import log_context_keep
 from studio.text import strip_nul

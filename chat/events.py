@@ -1,7 +1,7 @@
 """What a run tells the world, one small type per kind.
 
 The agent yields these; the engine renders them into fragments for every
-tab (``chat.engine.Publisher``); ``Wait`` ends a step. They carry ids and
+tab (``chat.publisher.Publisher``); ``Wait`` ends a step. They carry ids and
 the plain values a fragment needs, never ORM rows.
 """
 

@@ -15,7 +15,6 @@ from django.urls import get_script_prefix
 from django.utils.html import escape
 
 from approvals.models import ToolApproval, ToolRule
-from approvals.services.decisions import approval_now
 from approvals.services.rules import policy_rules
 from chat import events
 from chat.display import Item, MessageView, ToolBlock, blocks_for, tool_dom_id, transcript_items
@@ -47,14 +46,8 @@ def tool_block(block: ToolBlock) -> str:
     )
 
 
-def tool_started(event: events.ToolStarted) -> str:
-    approval = None
-    if event.approval_id:
-        # As it is now, with its conversation (the card's rights need its
-        # owner): a decision may already have come.
-        approval = approval_now(event.approval_id)
-        if approval is None:
-            raise ToolApproval.DoesNotExist(f"no approval {event.approval_id}")
+def tool_started(event: events.ToolStarted, approval: ToolApproval | None) -> str:
+    """The call's block; ``approval``: its card's row, as it is now (None: no card)."""
     return _block(event, approval=approval)
 
 

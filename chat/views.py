@@ -9,10 +9,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from chat import render as fragments
 from chat import services, workspace
-from chat.engine import run_edit, run_launch, run_regenerate, run_retry, run_stop
 from chat.export import conversation_json_text, conversation_markdown
 from chat.limits import MAX_MESSAGE
 from chat.models import Conversation
+from chat.runs.commands import run_edit, run_launch, run_regenerate, run_retry, run_stop
 from chat.services import (
     conversation_image,
     conversation_rule_revoke,

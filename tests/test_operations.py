@@ -184,7 +184,7 @@ def test_json_lines_carry_the_ids():
     try:
         handler = logging.getLogger().handlers[0]
         record = logging.LogRecord(
-            "chat.engine", logging.WARNING, __file__, 1, "hi %s", ("x",), None
+            "chat.runs.driver", logging.WARNING, __file__, 1, "hi %s", ("x",), None
         )
         with log_context(run_id="r-1", conversation_id=7):
             for f in handler.filters:

@@ -2,6 +2,8 @@
 
 ``state``: a run's row and its transitions (claim, fence, release, finish,
 heartbeat, what a sweep may resume), with its state diagram. ``local``:
-what this process is stepping now (one table, one lock). The commands, the
-driver (``Start``: how a step begins) and the upkeep are ``chat.engine``.
+what this process is stepping now (one table, one lock). ``commands``: launch,
+retry, regenerate, edit, wake and stop. ``driver``: claim, step, release
+(``Start``: how a step begins). ``upkeep``: heartbeat, sweep, wind-down.
+A step's events become fragments in ``chat.publisher``.
 """

@@ -445,7 +445,7 @@ async def test_a_run_left_by_a_previous_server_is_resumed_and_the_tab_told(
 
     from django.utils import timezone
 
-    from chat.engine import RESUMED_TEXT
+    from chat.runs.driver import RESUMED_TEXT
     from tests.factories import make_run
 
     settings.STUDIO_APPROVAL_POLL_SECONDS = 0.1

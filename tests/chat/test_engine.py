@@ -21,8 +21,9 @@ from django.utils import timezone
 
 from approvals.models import ToolApproval
 from approvals.services.decisions import approval_decide
-from chat.engine import RESUMED_TEXT, run_launch, run_stop
 from chat.models import Message, Run
+from chat.runs.commands import run_launch, run_stop
+from chat.runs.driver import RESUMED_TEXT
 from chat.runs.local import local_runs
 from studio.runtime import runtime
 from tests.factories import make_conversation

@@ -15,8 +15,8 @@ from asgiref.sync import sync_to_async
 from approvals.models import ToolApproval
 from approvals.services.decisions import approval_decide
 from chat.display import Fold, transcript_items
-from chat.engine import run_edit, run_launch, run_regenerate
 from chat.models import Message, Run
+from chat.runs.commands import run_edit, run_launch, run_regenerate
 from chat.transcript import transcript_build
 from tests.chat.test_engine import finished, until
 from tests.factories import make_conversation, make_run

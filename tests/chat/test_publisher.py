@@ -15,7 +15,7 @@ from channels.layers import get_channel_layer
 
 from approvals.models import ToolApproval
 from chat import events, render
-from chat.engine import Publisher
+from chat.publisher import Publisher
 from studio.runtime import replace_runtime, restore_runtime, runtime
 from tests.factories import make_approval, make_conversation, make_run, make_user
 
@@ -96,6 +96,25 @@ async def test_fragments_leave_in_the_order_they_were_flushed(tab):
     await tab.nothing_more()
 
 
+async def test_a_group_event_on_commit_goes_with_the_commit_and_dies_with_a_rollback(tab):
+    from django.db import transaction
+
+    def rolled_back():
+        with pytest.raises(RuntimeError), transaction.atomic():
+            tab.rt.outbox.group_on_commit(tab.group, {"type": "chat.fragment", "html": "<no>"})
+            raise RuntimeError
+
+    def committed():
+        with transaction.atomic():
+            tab.rt.outbox.group_on_commit(tab.group, {"type": "chat.fragment", "html": "<yes>"})
+
+    await tab.step(rolled_back)
+    await tab.nothing_more()
+    await tab.step(committed)
+    assert await tab.next() == "<yes>"
+    await tab.nothing_more()
+
+
 # -- the status line and the controls, rendered once per argument ---------------------------
 
 
@@ -126,6 +145,12 @@ def test_the_controls_follow_the_conversation_and_the_script_prefix():
 # -- an announced call's card ---------------------------------------------------------------
 
 
+def announced(approval) -> str:
+    """The card as the publisher sends it: its row read now, then drawn."""
+    event = started(approval)
+    return render.tool_started(event, Publisher.approval_of(event))
+
+
 def started(approval) -> events.ToolStarted:
     call = events.CallView("call_1", approval.tool_name, approval.arguments)
     return events.ToolStarted(
@@ -140,17 +165,17 @@ def test_an_announced_card_is_the_row_as_it_is_now_read_in_one_query():
     conversation = make_conversation(make_user())
     approval = make_approval(conversation, tool_name="terminal", arguments={"command": "ls"})
     with CaptureQueriesContext(connection) as queries:
-        pending = render.tool_started(started(approval))
+        pending = announced(approval)
     assert 'data-status="pending"' in pending and 'value="allow"' in pending
     assert len(queries) == 1, "the row comes with its conversation"
     # A python card also says what shaped the chat's python session: one query more.
     python = make_approval(conversation)
     with CaptureQueriesContext(connection) as queries:
-        assert "python session" in render.tool_started(started(python))
+        assert "python session" in announced(python)
     assert len(queries) == 2
     # Decided before its card went out (another tab was quicker): the card says so.
     ToolApproval.objects.filter(pk=approval.pk).update(status=ToolApproval.Status.DENIED)
-    decided = render.tool_started(started(approval))
+    decided = announced(approval)
     assert 'data-status="denied"' in decided and 'value="allow"' not in decided
 
 
@@ -158,4 +183,4 @@ def test_an_announced_card_whose_row_is_gone_is_an_error():
     approval = make_approval(make_conversation(make_user()))
     ToolApproval.objects.filter(pk=approval.pk).delete()
     with pytest.raises(ToolApproval.DoesNotExist):
-        render.tool_started(started(approval))
+        announced(approval)

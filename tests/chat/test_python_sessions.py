@@ -189,7 +189,7 @@ def test_switched_off_every_call_starts_fresh(chat, settings):
 
 
 def test_stop_on_a_waiting_run_ends_its_conversations_session(chat, alice):
-    from chat.engine import run_stop
+    from chat.runs.commands import run_stop
     from tests.factories import make_run
 
     python("x = 1", chat)

@@ -16,7 +16,7 @@ django.setup()
 
 from django.contrib.auth import get_user_model  # noqa: E402
 
-from chat.engine import run_launch  # noqa: E402
+from chat.runs.commands import run_launch  # noqa: E402
 
 
 def main() -> None:
