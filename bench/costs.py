@@ -4,7 +4,7 @@ One daphne process on PostgreSQL and Redis, nothing else running, each piece
 sequential with a pause between them: server CPU (its CPU clock, every
 thread) and wall time per piece. The pieces are what production.py's load
 is made of: a member's tab opening on a chat that waits on a card (handshake,
-catch-up, close), the decision POST with no tab open (the POST, the run's
+catch-up, close; as a page just drawn opens it, and as a reconnect), the decision POST with no tab open (the POST, the run's
 step, its fragments to nobody), the same with the chat's tab open (its card,
 result and end fragments, and the tab's count refreshed after them), and
 ``/healthz`` (Django's request path alone, the floor under every POST).
@@ -47,20 +47,24 @@ def one_round(n: int) -> dict[str, Piece]:
     user, session = harness.make_member(f"costs{time.monotonic_ns()}")
     env = harness.server_env(STUDIO_APPROVAL_POLL_SECONDS="3600")
     server = DaphneProcess(env=env, app="bench.asgi:application").start(timeout=60)
-    pieces = {name: Piece(server) for name in ("/healthz", "tab opening", "decision", "with tab")}
+    names = ("/healthz", "page opening", "tab opening", "decision", "with tab")
+    pieces = {name: Piece(server) for name in names}
     try:
         calls = harness.parked_chats(server, user, session, 2 * n)
         with httpx.Client(base_url=server.url, cookies={"sessionid": session}) as http:
             allow = harness.member_allow(http)
             for _ in range(n):
                 pieces["/healthz"].time(lambda: http.get("/healthz"))
-            for conversation_id, _ in calls[:n]:
+            for name, drawn in (("page opening", True), ("tab opening", False)):
+                for conversation_id, _ in calls[:n]:
 
-                def opening(conversation_id=conversation_id) -> None:
-                    with harness.chat_socket(server, session, conversation_id) as ws:
-                        harness.recv_until(ws, 'id="transcript"')
+                    def opening(conversation_id=conversation_id, drawn=drawn) -> None:
+                        with harness.chat_socket(
+                            server, session, conversation_id, drawn=drawn
+                        ) as ws:
+                            harness.recv_until(ws, 'id="transcript"')
 
-                pieces["tab opening"].time(opening)
+                    pieces[name].time(opening)
             for _, approval_id in calls[:n]:
                 pieces["decision"].time(lambda a=approval_id: allow(a), settle=SETTLED)
             for conversation_id, approval_id in calls[n:]:

@@ -280,12 +280,14 @@ def recv_until(ws, needle: str, timeout: float = 20) -> str:
             return "\n".join(seen)
 
 
-def chat_socket(server, session: str, conversation_id: int):
-    """A member's chat socket on a conversation, as their page opens it (sync websockets client)."""
+def chat_socket(server, session: str, conversation_id: int, *, drawn: bool = False):
+    """A member's chat socket on a conversation (sync websockets client): as a page
+    just drawn opens it (``drawn``: it names when, ``?since=``), else as a reconnect."""
     from websockets.sync.client import connect
 
+    since = f"?since={int(time.time())}" if drawn else ""
     return connect(
-        f"{server.ws_url}/ws/c/{conversation_id}/",
+        f"{server.ws_url}/ws/c/{conversation_id}/{since}",
         additional_headers={"Cookie": f"sessionid={session}", "Origin": server.url},
     )
 
