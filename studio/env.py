@@ -18,6 +18,19 @@ def env_str(name: str, default: str = "") -> str:
     return os.environ.get(name, default)
 
 
+def env_secret(name: str, file_name: str) -> str:
+    """A secret given in ``name``, or in the file ``file_name`` names (kept out of
+    the environment: mode 0600, readable by the service's user)."""
+    path = os.environ.get(file_name, "")
+    if not path:
+        return os.environ.get(name, "")
+    try:
+        with open(path, encoding="utf-8") as secret:
+            return secret.read().strip()
+    except OSError as exc:
+        raise ImproperlyConfigured(f"{file_name}: cannot read {path!r} ({exc.strerror})") from exc
+
+
 def env_bool(name: str, default: bool = False) -> bool:
     raw = os.environ.get(name)
     if raw is None:

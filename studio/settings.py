@@ -15,7 +15,15 @@ from urllib.parse import urlsplit
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from studio.env import env_bool, env_choice, env_float, env_int, env_list, env_str
+from studio.env import (
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_secret,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -120,11 +128,7 @@ STUDIO_BREAK_GLASS_USER = env_str("STUDIO_BREAK_GLASS_USER")
 # while STUDIO_OIDC_ISSUER is unset.
 AUTHENTICATION_BACKENDS.append("approvals.signin.ProviderBackend")
 OIDC_RP_CLIENT_ID = env_str("STUDIO_OIDC_CLIENT_ID")
-OIDC_RP_CLIENT_SECRET = (
-    Path(env_str("STUDIO_OIDC_CLIENT_SECRET_FILE")).read_text().strip()
-    if env_str("STUDIO_OIDC_CLIENT_SECRET_FILE")
-    else env_str("STUDIO_OIDC_CLIENT_SECRET")
-)
+OIDC_RP_CLIENT_SECRET = env_secret("STUDIO_OIDC_CLIENT_SECRET", "STUDIO_OIDC_CLIENT_SECRET_FILE")
 OIDC_RP_SCOPES = env_str("STUDIO_OIDC_SCOPES", "openid email profile groups")
 OIDC_RP_SIGN_ALGO = env_str("STUDIO_OIDC_SIGN_ALGO", "RS256")
 OIDC_USE_PKCE = True

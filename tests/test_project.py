@@ -9,7 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.template import TemplateSyntaxError
 
-from studio.env import env_bool, env_float, env_int, env_list
+from studio.env import env_bool, env_float, env_int, env_list, env_secret
 from studio.process import YOUNG_THRESHOLD, compile_templates
 from tests.helpers.procs import ROOT, child_env
 
@@ -40,6 +40,19 @@ def test_environment_helpers_read_values(monkeypatch):
     assert env_list("A_LIST", []) == ["a", "b", "c"]
     assert env_int("AN_INT", 1) == 7
     assert env_float("MISSING_FLOAT", 2.5) == 2.5
+
+
+def test_a_secret_comes_from_its_file_or_the_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv("A_SECRET", "from-the-variable")
+    monkeypatch.delenv("A_SECRET_FILE", raising=False)
+    assert env_secret("A_SECRET", "A_SECRET_FILE") == "from-the-variable"
+    kept = tmp_path / "secret"
+    kept.write_text("from-the-file\n")
+    monkeypatch.setenv("A_SECRET_FILE", str(kept))
+    assert env_secret("A_SECRET", "A_SECRET_FILE") == "from-the-file"
+    monkeypatch.setenv("A_SECRET_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ImproperlyConfigured, match="A_SECRET_FILE: cannot read"):
+        env_secret("A_SECRET", "A_SECRET_FILE")
 
 
 @pytest.mark.django_db
