@@ -55,28 +55,36 @@ def compile_templates() -> list[str]:
 
 def identity() -> str:
     """Where this process runs, as its runs' rows name it: the host's boot, its
-    pid namespace, its pid and its start time; "" where /proc cannot tell."""
-    global _identity
-    if _identity is None:
-        _identity = _describe(os.getpid()) or ""
-    return _identity
+    pid namespace, its pid and its start time; "" where /proc cannot tell.
+    Read once per pid: a forked child is not its parent."""
+    pid = os.getpid()
+    if pid not in _identities:
+        _identities.clear()
+        _identities[pid] = _describe(pid) or ""
+    return _identities[pid]
+
+
+def this_host() -> str:
+    """The prefix every identity of a process this one can look up begins with
+    (this host's boot and pid namespace, then "/"); "" where /proc cannot tell."""
+    here = identity()
+    return here.rsplit("/", 2)[0] + "/" if here else ""
 
 
 def gone(process: str) -> bool:
     """Whether the process ``identity()`` named has surely exited: only a process
     of this host's boot and pid namespace can be looked up; any other may be
     alive (its heartbeat says when it is not)."""
-    here = identity()
-    if not process or not here or process == here:
+    host = this_host()
+    if not host or process == identity() or not process.startswith(host):
         return False
-    parts = process.split("/")
-    if len(parts) != 4 or parts[:2] != here.split("/")[:2] or not parts[2].isdigit():
+    pid, _, started = process.removeprefix(host).partition("/")
+    if not (pid.isdigit() and started.isdigit()):
         return False
-    pid = parts[2]
     return _describe(int(pid)) != process
 
 
-_identity: str | None = None
+_identities: dict[int, str] = {}
 
 
 def _describe(pid: int) -> str | None:

@@ -39,3 +39,22 @@ def test_a_process_elsewhere_is_never_called_gone():
     assert not process.gone(f"{boot}/another-namespace/999999/1")
     assert not process.gone("")
     assert not process.gone("not an identity")
+    assert not process.gone(f"{boot}/{namespace}/{pid}")  # no start time: cannot tell
+
+
+def test_a_forked_child_is_named_for_itself():
+    import os
+
+    parent = process.identity()
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(reader)
+        os.write(writer, process.identity().encode())
+        os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as pipe:
+        named = pipe.read()
+    os.waitpid(child, 0)
+    assert named and named != parent and named.split("/")[2] == str(child)
+    assert process.gone(named)

@@ -267,14 +267,14 @@ def runs_to_resume(*, since: datetime | None = None) -> list[str]:
 def processes_gone() -> list[str]:
     """Processes of this host that own runs and have exited: a restart (or a
     crash) is known at once, not after STUDIO_RUN_STALE_SECONDS."""
-    here = process.identity()
-    if not here:
+    host = process.this_host()
+    if not host:
         return []
     owners = (
         Run.objects.running()
         .exclude(owner="")
-        .filter(owner_process__startswith=here.rsplit("/", 2)[0] + "/")
-        .exclude(owner_process=here)
+        .filter(owner_process__startswith=host)
+        .exclude(owner_process=process.identity())
         .values_list("owner_process", flat=True)
         .distinct()
     )
