@@ -435,8 +435,16 @@ def _logged_out(sender, request, user, **kwargs) -> None:
 
 @receiver(user_login_failed)
 def _login_failed(sender, credentials, request=None, **kwargs) -> None:
-    # Django has already masked anything that looks like a secret; names only.
+    # A password login's; a provider's sign-in that failed is logged, with
+    # why, by ``failure`` (its credentials name nobody). Names only: Django
+    # has masked anything that looks like a secret.
+    if "username" not in credentials:
+        return
     logger.info(
         "login failed",
-        extra={"event": "login_failed", "user": str(credentials.get("username", ""))[:150]},
+        extra={
+            "event": "login_failed",
+            "method": "password",
+            "user": str(credentials["username"])[:150],
+        },
     )

@@ -98,9 +98,13 @@ def test_roles_follow_the_provider_at_each_login(provider):
     assert user.is_staff and user.email == "a2@example.com"
 
 
-def test_a_local_account_of_the_same_name_is_not_taken_over(provider):
+def test_a_local_account_of_the_same_name_is_not_taken_over(provider, caplog):
     make_user("alice")
+    caplog.set_level(logging.INFO, logger="studio.signin")
     answer, _ = sign_in(Client())
+    # One line for the refusal, saying why (not a second, nameless one).
+    [line] = [r for r in caplog.records if getattr(r, "event", "") == "login_failed"]
+    assert line.method == "oidc" and "already has an account" in line.getMessage()
     assert answer.status_code == 403
     assert "already has an account named &#x27;alice&#x27;" in answer.content.decode()
     assert not ProviderIdentity.objects.exists()
