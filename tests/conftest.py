@@ -171,6 +171,13 @@ def alice_client(alice):
 
 
 @pytest.fixture
+async def stop_runtime():
+    """For a test that opens sockets on its own loop: the runtime's tasks stop with it."""
+    yield
+    await runtime().stop()
+
+
+@pytest.fixture
 async def rt(settings):
     """A fresh runtime on this test's loop (four agent workers, a quick sweep), put back after."""
     settings.STUDIO_APPROVAL_POLL_SECONDS = 0.1

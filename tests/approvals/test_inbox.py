@@ -18,7 +18,6 @@ from approvals.models import InboxPreference
 from approvals.services.decisions import approval_decide
 from approvals.services.rules import Verdict
 from approvals.services.waiting import approval_request
-from studio.runtime import runtime
 from tests.factories import make_approval, make_conversation, make_reviewer, make_user
 from tests.helpers.sockets import BOUND, closed_with, open_socket, receive_until
 
@@ -118,12 +117,6 @@ def test_the_notification_switch_is_stored_and_needs_csrf(alice):
 
 
 # --- live ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def stop_runtime():
-    yield
-    await runtime().stop()  # this test's loop ends here
 
 
 def ask(conversation, *, review: bool = False):

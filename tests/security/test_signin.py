@@ -18,7 +18,6 @@ from django.utils import timezone
 from approvals.consumers import CLOSE_ROLES_CHANGED
 from approvals.models import ProviderIdentity, ToolApproval, can_review
 from approvals.signin import DISCOVERY
-from studio.runtime import runtime
 from tests.factories import PASSWORD, make_approval, make_conversation, make_user
 from tests.helpers.oidc import CLIENT_ID, Provider, callback_query, provider_login, signing_key
 from tests.helpers.sockets import closed_with, open_socket, receive_until
@@ -227,12 +226,6 @@ def test_passwords_off_but_for_the_break_glass_superuser(provider, settings):
     # The provider's sign-in is not a password login: it goes through.
     answer, _ = sign_in(Client())
     assert answer.status_code == 302
-
-
-@pytest.fixture
-async def stop_runtime():
-    yield
-    await runtime().stop()  # this test's loop ends here
 
 
 @pytest.mark.asyncio
