@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolRule, arguments_hash
@@ -52,10 +53,11 @@ from approvals.services.waiting import (
 from chat import events
 from chat.llm.base import ChatModel, LLMError, TextDelta, ToolCall, TurnEnd, new_call_id
 from chat.models import Conversation, Message, Run
-from chat.runs.state import Fenced, run_fence
+from chat.runs.state import Fenced, run_fence, run_finish
 from chat.toolbox import Toolbox, toolbox_for
 from chat.tools.base import ToolResult
-from chat.transcript import tool_message, transcript_build, turn_message
+from chat.transcript import COLUMNS as TRANSCRIPT_COLUMNS
+from chat.transcript import system_message, tool_message, transcript_messages, turn_message
 from studio.cancel import CancelToken
 from studio.metrics import MODEL_REQUEST_SECONDS, MODEL_TOKENS, TOOL_CALL_SECONDS
 from studio.runtime import release_connection
@@ -78,6 +80,17 @@ BLOCKED_TEXT = "Blocked by a rule: {note}"
 TIMEOUT_TEXT = "nobody decided on this call in time, so it did not run."
 CHANGED_TEXT = "the approved arguments changed after the request; the call did not run."
 LIMIT_TEXT = "the tool-call limit for this run was reached."
+# What a step reads of its run's own rows, beside the transcript's columns.
+RUN_COLUMNS = (
+    "pk",
+    "run_id",
+    "tool_name",
+    "tool_arguments",
+    "is_error",
+    "superseded_at",
+    "created_at",
+    "model_name",
+)
 INTERRUPTED_TEXT = (
     "interrupted: the server stopped while this ran; it may have partly run. It was not run again."
 )
@@ -187,6 +200,8 @@ class Agent:
         self._fencing = False  # inside a fenced write (nested writes share it)
         # The run ended with the model's final answer: no call of it can be pending.
         self.answered_all = False
+        # This step recorded the run's end with that answer (``_end_with``).
+        self.ended_run = False
 
     # -- the step -------------------------------------------------------------------
 
@@ -225,18 +240,42 @@ class Agent:
         return (yield from self._loop())
 
     def _load(self) -> None:
-        """Where the run is, from its rows: its turns, the calls answered, what succeeded."""
+        """Where the run is, from its rows: its turns, the calls answered, what succeeded;
+        and the transcript so far, from the same read (one statement for both)."""
         last_turn = last_role = None
-        for message in Message.objects.filter(run_id=self.run_id).order_by("created_at", "id"):
-            last_role = message.role
-            if message.role == Message.Role.ASSISTANT:
-                last_turn = message
-                self.call_ids.update(c["id"] for c in message.tool_calls)
-                self.rounds += bool(message.tool_calls)
-            elif message.role == Message.Role.TOOL:
-                self.answered.add(message.tool_call_id)
-                if not message.is_error:
-                    self.succeeded.add((message.tool_name, arguments_hash(message.tool_arguments)))
+        branch = []
+        rows = (
+            Message.objects.filter(conversation_id=self.conversation.pk)
+            .filter(Q(superseded_at__isnull=True) | Q(run_id=self.run_id))
+            .order_by("created_at", "id")
+            .values_list(*TRANSCRIPT_COLUMNS, *RUN_COLUMNS)
+        )
+        for row in rows:
+            (role, content, tool_calls, tool_call_id,
+             pk, run_id, tool_name, tool_arguments, is_error, superseded_at, created_at,
+             model) = row  # fmt: skip
+            if superseded_at is None:
+                branch.append((role, content, tool_calls, tool_call_id))
+            if str(run_id) != self.run_id:
+                continue
+            last_role = role
+            if role == Message.Role.ASSISTANT:
+                last_turn = Message(
+                    pk=pk,
+                    conversation_id=self.conversation.pk,
+                    run_id=run_id,
+                    role=role,
+                    content=content,
+                    tool_calls=tool_calls,
+                    created_at=created_at,
+                    model_name=model,
+                )
+                self.call_ids.update(c["id"] for c in tool_calls)
+                self.rounds += bool(tool_calls)
+            elif role == Message.Role.TOOL:
+                self.answered.add(tool_call_id)
+                if not is_error:
+                    self.succeeded.add((tool_name, arguments_hash(tool_arguments)))
         # A final answer or an error message was the run's last word.
         self.finished = last_role == Message.Role.ERROR or (
             last_role == Message.Role.ASSISTANT and not last_turn.tool_calls
@@ -245,6 +284,9 @@ class Agent:
             c["id"] not in self.answered for c in last_turn.tool_calls
         ):
             self.turn = last_turn
+        # The last turn's open calls are answered by this step before the model
+        # is asked again (the system prompt comes then: its file list changes).
+        self.transcript = transcript_messages(branch, close_open=False)
 
     def _open_calls(self) -> list[ToolCall]:
         """The calls of the turn in hand still without a result, in the model's order."""
@@ -263,7 +305,7 @@ class Agent:
 
     def _loop(self) -> Iterator[events.Event]:
         schemas = self.toolbox.schemas()
-        self.transcript = transcript_build(self.conversation, tools=self.toolbox.describe())
+        self.transcript.insert(0, system_message(self.conversation, tools=self.toolbox.describe()))
         while True:
             if self.cancel.is_set():
                 self._guard()
@@ -606,17 +648,45 @@ class Agent:
             if not call.id or call.id in self.call_ids:
                 call.id = new_call_id()
             self.call_ids.add(call.id)
+        fields = {
+            "conversation": self.conversation,
+            "run": self.run,
+            "role": Message.Role.ASSISTANT,
+            "content": strip_nul(turn.content),
+            "tool_calls": [_call_entry(c) for c in calls],
+            "model_name": self.model.label[:60],
+        }
+        if not calls and self._end_with(fields):
+            return calls
         with self._fenced(going_on=True):
-            self.turn = Message.objects.create(
-                conversation=self.conversation,
-                run=self.run,
-                role=Message.Role.ASSISTANT,
-                content=strip_nul(turn.content),
-                tool_calls=[_call_entry(c) for c in calls],
-                model_name=self.model.label[:60],
-            )
+            self.turn = Message.objects.create(**fields)
         self.transcript.append(turn_message(self.turn.content, self.turn.tool_calls))
         return calls
+
+    def _end_with(self, fields: dict) -> bool:
+        """The model's final answer and the run's end in one commit; False when the
+        run cannot end here (Stop, or another claim): the fenced path says which.
+
+        The end is the conditional update that fences every write (claim, owner,
+        no Stop), so it holds the run's row for the answer as ``run_fence`` would.
+        """
+        self._guard()
+        if self.cancel.is_set():
+            return False
+        with transaction.atomic():
+            ended = run_finish(
+                run_id=self.run_id,
+                owner=self.run.owner,
+                claim=self.run.claim,
+                status=Run.Status.DONE,
+                unless_stopped=True,
+            )
+            if ended:
+                self.turn = Message.objects.create(**fields)
+        if ended:
+            self.ended_run = True
+            self.transcript.append(turn_message(self.turn.content, self.turn.tool_calls))
+        return ended
 
     def _started(
         self, call: ToolCall, approval: ToolApproval, *, awaiting: bool

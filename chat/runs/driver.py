@@ -174,7 +174,8 @@ class Stepper:
             logger.exception("run %s failed", self.local.run_id)
             self.status, self.error = Run.Status.ERROR, f"{type(exc).__name__}: {exc}"
             self._report_crash()
-        if self.local.cancel.abandoned:
+        ended = self.agent is not None and self.agent.ended_run
+        if self.local.cancel.abandoned and not ended:
             return None  # the process is exiting; another takes the run on
         self._end()
         return None
@@ -209,7 +210,9 @@ class Stepper:
         self.publisher.flush()
 
     def _end(self) -> None:
-        if not run_finish(
+        # Ended with the model's answer, in the answer's commit (``Agent._end_with``).
+        ended = self.agent is not None and self.agent.ended_run
+        if not ended and not run_finish(
             run_id=self.local.run_id,
             owner=self.run.owner,
             claim=self.run.claim,

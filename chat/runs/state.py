@@ -169,10 +169,14 @@ def run_finish(
     owner: str | None = None,
     claim: int | None = None,
     error: str = "",
+    unless_stopped: bool = False,
 ) -> bool:
     """Record how the run ended (by its owner, and with its claim, when given);
-    False when the run had ended already or another holds it."""
+    False when the run had ended already or another holds it (or, with
+    ``unless_stopped``, when Stop was pressed)."""
     runs = Run.objects.filter(pk=run_id, status=Run.Status.RUNNING)
+    if unless_stopped:
+        runs = runs.filter(stop_requested=False)
     if owner is not None:
         runs = runs.filter(owner=owner)
     if claim is not None:
