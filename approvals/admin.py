@@ -14,7 +14,15 @@ from django.utils.html import format_html
 
 from approvals.dashboard import OUTCOMES, PERIODS, charts, dashboard_data
 from approvals.export import jsonl_line
-from approvals.models import ENDED_REASONS, ProviderIdentity, ToolApproval, ToolRule, signed_in_as
+from approvals.models import (
+    ENDED_REASONS,
+    ApiToken,
+    ProviderIdentity,
+    ToolApproval,
+    ToolRule,
+    signed_in_as,
+)
+from approvals.services.api import token_create, token_revoke
 from approvals.services.rules import policy_rules, tool_names
 from approvals.templatetags.approvals_tags import edit_diff
 from studio.text import canonical_json, short
@@ -52,6 +60,10 @@ CSV_FIELDS = [
     "decided_user_agent",
     "decided_request_id",
     "decided_by_identity",
+    "source",
+    "api_token",
+    "title",
+    "context_url",
 ]
 
 
@@ -63,7 +75,7 @@ def export_csv(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
     writer = csv.writer(response)
     writer.writerow(CSV_FIELDS)
     rows = queryset.select_related(
-        "conversation", "requested_by", "decided_by__provider_identity"
+        "conversation", "requested_by", "decided_by__provider_identity", "api_token"
     ).order_by("requested_at")
     for a in rows.iterator():
         cells = [
@@ -92,12 +104,19 @@ def export_csv(modeladmin, request: HttpRequest, queryset) -> HttpResponse:
             a.reviewed_by.get_username() if a.reviewed_by else "",
             "" if a.decision_seconds is None else f"{a.decision_seconds:.3f}",
             "" if a.run_seconds is None else f"{a.run_seconds:.3f}",
+            a.run_outcome,
+            "yes" if a.fresh_interpreter else "",
+            a.interpreter_session,
             "" if a.output_size is None else a.output_size,
             a.output_sha256,
             a.decided_ip or "",
             a.decided_user_agent,
             a.decided_request_id,
             signed_in_as(a.decided_by),
+            a.source,
+            str(a.api_token) if a.api_token else "",
+            a.title,
+            a.context_url,
         ]
         writer.writerow([csv_safe(str(cell)) for cell in cells])
     return response
@@ -194,8 +213,8 @@ class ToolApprovalAdmin(admin.ModelAdmin):
         "chat",
     ]
     list_filter = [
-        StateFilter, "reason", "run_outcome", "needs_review", "fresh_interpreter", "tool_name",
-        "requested_at",
+        StateFilter, "source", "reason", "run_outcome", "needs_review", "fresh_interpreter",
+        "tool_name", "requested_at",
     ]  # fmt: skip
     search_fields = [
         "tool_name",
@@ -220,8 +239,10 @@ class ToolApprovalAdmin(admin.ModelAdmin):
         ("What it gave back", {"fields": ["run_outcome", "run_time", "interpreter_session",
                                           "fresh_interpreter", "output_size", "output_sha256",
                                           "output"]}),
-        ("In its conversation", {"fields": ["conversation", "context", "run_id",
-                                            "tool_call_id"]}),
+        ("Where it was asked", {"fields": ["source", "api_token", "title", "context_url",
+                                           "idempotency_key", "callback_url", "callback_at",
+                                           "callback_result", "conversation", "context",
+                                           "run_id", "tool_call_id"]}),
         ("Record", {"classes": ["collapse"], "fields": [
             "approval_id", "arguments_sha256", "approved_sha256", "needs_review",
             "rule_snapshot", "tool_schema", "expires_at", "started_at", "webhook_at",
@@ -296,6 +317,7 @@ class ToolApprovalAdmin(admin.ModelAdmin):
 
     @admin.display(description="conversation", ordering="conversation__title")
     def chat(self, obj: ToolApproval) -> str:
+        # An API call's conversation is its token's ("API: <token>").
         title = obj.conversation.title
         return format_html('<span title="{}">{}</span>', title, short(title, 44))
 
@@ -534,3 +556,47 @@ class ProviderIdentityAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
+
+
+@admin.action(description="Revoke the selected tokens")
+def revoke_tokens(modeladmin, request: HttpRequest, queryset) -> None:
+    revoked = sum(token_revoke(token=token, by=request.user) for token in queryset)
+    modeladmin.message_user(request, f"{revoked} token(s) revoked.")
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Members' API tokens: an admin may make one for a member (its secret is shown
+    once, on the next page) and revoke any; a token's secret is never stored."""
+
+    list_display = ["name", "user", "shown_as", "created_at", "last_used_at", "uses", "revoked_at"]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "user__username", "lookup"]
+    list_select_related = ["user"]
+    actions = [revoke_tokens]
+    fields = ["user", "name"]
+    readonly_fields = ["shown_as", "created_at", "created_by", "last_used_at", "uses",
+                       "revoked_at", "revoked_by", "conversation"]  # fmt: skip
+
+    @admin.display(description="token")
+    def shown_as(self, obj: ApiToken) -> str:
+        return f"{ApiToken.PREFIX}{obj.lookup}…"
+
+    def get_fields(self, request: HttpRequest, obj=None):
+        return self.fields if obj is None else ["user", "name", *self.readonly_fields]
+
+    def get_readonly_fields(self, request: HttpRequest, obj=None):
+        return [] if obj is None else ["user", "name", *self.readonly_fields]
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form, change: bool) -> None:
+        token, secret = token_create(user=obj.user, name=obj.name, created_by=request.user)
+        obj.pk, obj.lookup, obj.conversation = token.pk, token.lookup, token.conversation
+        obj.created_at = token.created_at
+        self.message_user(
+            request,
+            f"The token for {obj.user.get_username()}: {secret} — give it to them now; "
+            "Studio keeps only its hash and cannot show it again.",
+        )

@@ -65,6 +65,7 @@ class Dashboard:
     most_denied: list[dict] = field(default_factory=list)
     rule_hits: list[dict] = field(default_factory=list)
     pending: list[dict] = field(default_factory=list)
+    sources: list[dict] = field(default_factory=list)
 
     @property
     def pending_total(self) -> int:
@@ -84,7 +85,22 @@ def dashboard_data(days: int, *, today: date | None = None) -> Dashboard:
     board.most_denied = _most_denied(rows)
     board.rule_hits = _rule_hits(rows)
     board.pending = _pending()
+    board.sources = _sources(rows)
     return board
+
+
+def _sources(rows) -> list[dict]:
+    """Where the period's calls were asked: the chat, or the API by token."""
+    found = (
+        rows.values("source", "api_token__name", "api_token__user__username")
+        .annotate(
+            total=Count("pk"),
+            allowed=Count("pk", filter=Q(status=Status.ALLOWED)),
+            denied=Count("pk", filter=Q(status=Status.DENIED)),
+        )
+        .order_by("-total", "source", "api_token__name")[:TOP]
+    )
+    return [dict(row) for row in found]
 
 
 def _per_day(rows, since: date, today: date) -> list[dict]:

@@ -46,7 +46,7 @@ def inbox_queryset(user):
         return ToolApproval.objects.none()
     return (
         _waiting_for(user.pk, reviewer=can_review(user))
-        .select_related("conversation__owner", "requested_by")
+        .select_related("conversation__owner", "requested_by", "api_token")
         .order_by("-requested_at")
     )
 

@@ -192,6 +192,27 @@ class ToolApproval(models.Model):
     decided_user_agent = models.CharField(max_length=300, blank=True)
     decided_request_id = models.CharField(max_length=100, blank=True)
 
+    class Source(models.TextChoices):
+        CHAT = "chat", "Chat"
+        API = "api", "API"
+
+    # Where the call was asked: the chat's agent, or an agent outside Studio
+    # through /api/v1/ with a member's token (kept if the token is deleted).
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.CHAT)
+    api_token = models.ForeignKey(
+        "approvals.ApiToken", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    # An API request's own words: its title, a link to where it comes from,
+    # and the key that makes a retried request answer with the same row.
+    title = models.CharField(max_length=200, blank=True)
+    context_url = models.URLField(max_length=2000, blank=True)
+    idempotency_key = models.CharField(max_length=100, blank=True)
+    # Where to POST the decision when it comes (approvals/callbacks.py): when a
+    # process claimed that POST (one claim across processes), and how it went.
+    callback_url = models.URLField(max_length=2000, blank=True)
+    callback_at = models.DateTimeField(null=True, blank=True)
+    callback_result = models.CharField(max_length=200, blank=True)
+
     objects = ApprovalManager()
 
     class Meta:
@@ -212,6 +233,14 @@ class ToolApproval(models.Model):
             models.Index(
                 fields=["expires_at"], condition=Q(status="pending"), name="appr_pending_expiry"
             ),
+        ]
+        constraints = [
+            # A retried API request finds its first row; two at once make one.
+            models.UniqueConstraint(
+                fields=["api_token", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="appr_one_per_idempotency_key",
+            )
         ]
 
     def __str__(self) -> str:
@@ -293,6 +322,35 @@ class ToolApproval(models.Model):
         return Rights(
             allow=False, always=False, deny=is_owner, refusal=OWN_CALL if reviewer else NOT_YOURS
         )
+
+    def api_answer(self) -> dict:
+        """What the API (and a callback) says of the row: its status, who decided and
+        why, what may run."""
+        decided = not self.is_pending
+        return {
+            "id": self.approval_id,
+            "tool": self.tool_name,
+            "title": self.title,
+            "status": self.status,
+            "reason": self.reason,
+            "reason_label": self.status_label,
+            "needs_review": self.needs_review,
+            "requested_at": self.requested_at.isoformat(),
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+            "decided_at": self.decided_at.isoformat() if decided and self.decided_at else None,
+            "decided_by": self.decided_by.get_username() if self.decided_by_id else None,
+            "note": self.note,
+            "arguments": self.arguments,
+            "arguments_sha256": self.arguments_sha256,
+            # What may run: the edited arguments when a person edited them.
+            "approved_arguments": self.arguments_to_run if self.is_allowed else None,
+            "approved_sha256": (self.approved_sha256 or self.arguments_sha256)
+            if self.is_allowed
+            else None,
+            "edited": self.was_edited,
+            "rule": self.rule_snapshot,
+            "result_recorded": bool(self.run_outcome),
+        }
 
     @property
     def reviewed_by(self):
@@ -414,6 +472,54 @@ class ToolRule(models.Model):
             "scope": self.scope,
             "note": self.note,
         }
+
+
+class ApiToken(models.Model):
+    """A member's key for an agent outside the chat: it requests approvals, nothing else.
+
+    Shown once when made (``studio_<lookup>_<secret>``); Studio keeps the
+    lookup to find it and the secret's SHA-256 to check it (a random 256-bit
+    secret needs no slow hash). Its calls wait in a conversation of its own
+    (``conversation``, out of the sidebar), so the member's rules, the
+    "Always allow" of its cards and the audit work on them as on chat calls.
+    """
+
+    PREFIX = "studio_"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=80)
+    lookup = models.CharField(max_length=16, unique=True, editable=False)
+    secret_sha256 = models.CharField(max_length=64, editable=False)
+    conversation = models.OneToOneField(
+        "chat.Conversation", on_delete=models.RESTRICT, related_name="api_token", editable=False
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    uses = models.PositiveIntegerField(default=0, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.PREFIX}{self.lookup}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+    @staticmethod
+    def secret_hash(secret: str) -> str:
+        return hashlib.sha256(secret.encode()).hexdigest()
 
 
 class InboxPreference(models.Model):

@@ -15,7 +15,8 @@ from approvals.inbox import (
     notifications_set,
     wants_notifications,
 )
-from approvals.models import ToolApproval, can_review
+from approvals.models import ApiToken, ToolApproval, can_review
+from approvals.services.api import BadRequest, token_create, token_revoke
 from approvals.services.decisions import (
     ApprovalNotFound,
     ClientInfo,
@@ -173,3 +174,49 @@ def _refused(request: HtmxHttpRequest, message: str, *, status: int) -> HttpResp
     if wants_json(request):
         return JsonResponse({"error": message}, status=status)
     return HttpResponse(message, status=status, content_type="text/plain; charset=utf-8")
+
+
+@require_GET
+@login_required
+def api_tokens(request: HtmxHttpRequest) -> HttpResponse:
+    """The member's API tokens for agents outside the chat (made and revoked here)."""
+    return _tokens_page(request)
+
+
+@require_POST
+@login_required
+def api_token_create(request: HtmxHttpRequest) -> HttpResponse:
+    """A new token; its secret is shown on this answer's page, and never again."""
+    try:
+        token, secret = token_create(user=request.user, name=request.POST.get("name", ""))
+    except BadRequest as exc:
+        return _tokens_page(request, error=str(exc), status=400)
+    return _tokens_page(request, made=token, secret=secret, status=201)
+
+
+@require_POST
+@login_required
+def api_token_revoke(request: HtmxHttpRequest, token_id: int) -> HttpResponse:
+    token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
+    if token is None:
+        raise Http404("No API token of yours has this id.")
+    token_revoke(token=token, by=request.user)
+    return redirect("approvals:api_tokens")
+
+
+def _tokens_page(
+    request: HtmxHttpRequest, *, made=None, secret: str = "", error: str = "", status: int = 200
+) -> HttpResponse:
+    tokens = ApiToken.objects.filter(user=request.user).order_by("revoked_at", "-created_at")
+    return render(
+        request,
+        "approvals/api_tokens.html",
+        {
+            "tokens": tokens,
+            "made": made,
+            "secret": secret,
+            "error": error,
+            "base_url": request.build_absolute_uri("/"),
+        },
+        status=status,
+    )

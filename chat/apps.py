@@ -15,13 +15,17 @@ class ChatConfig(AppConfig):
     def ready(self) -> None:
         import chat.signals  # noqa: F401 - session re-checks; purge removes deleted chats
         import studio.signals  # noqa: F401 - connects the SQLite permission guard
-        from approvals.services.rules import call_reader_install, tool_names_install
+        from approvals.services.rules import (
+            call_reader_install,
+            tool_names_install,
+            tool_schema_install,
+        )
         from approvals.signals import calls_settled
         from chat import mcp
         from chat.metrics import RunStates
         from chat.runs import commands, upkeep
         from chat.services import python_session_current
-        from chat.toolbox import call_reading, tool_names
+        from chat.toolbox import builtin_schema, call_reading, tool_names
         from chat.tools import sandbox
         from chat.tools.sessions import SESSIONS
         from studio.metrics import collector_add
@@ -30,6 +34,7 @@ class ChatConfig(AppConfig):
         # Decisions read an edited call the way the run reads the model's.
         call_reader_install(call_reading)
         tool_names_install(tool_names)
+        tool_schema_install(builtin_schema)
         # A python session asks the conversation's row whether Stop or Restart ended it.
         SESSIONS.is_current = python_session_current
         rt = runtime()

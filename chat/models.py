@@ -56,8 +56,9 @@ class LanguageModel(models.Model):
 
 class ConversationQuerySet(models.QuerySet):
     def owned_by(self, user) -> ConversationQuerySet:
-        """The member's conversations they have not deleted (archived ones included)."""
-        return self.filter(owner=user, deleted_at__isnull=True)
+        """The member's conversations they have not deleted (archived ones included);
+        not the ones where an API token's calls wait (they are no chats)."""
+        return self.filter(owner=user, deleted_at__isnull=True, for_api=False)
 
     def shared(self) -> ConversationQuerySet:
         """Conversations their members share read-only with the team (not deleted)."""
@@ -96,6 +97,9 @@ class Conversation(models.Model):
     # stays only so that its approval rows keep their conversation (the audit
     # outlives the chat). ``purge_approvals`` removes it with its last row.
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # Where an API token's calls wait (approvals.ApiToken): no messages, no
+    # runs, never in the sidebar; its rules are the token's.
+    for_api = models.BooleanField(default=False, editable=False)
 
     objects = ConversationQuerySet.as_manager()
 

@@ -58,6 +58,12 @@ def tool_names() -> list[str]:
     return [*(tool.name for tool in (*ALWAYS, web_search.TOOL)), *known_tool_names()]
 
 
+def builtin_schema(tool_name: str) -> dict | None:
+    """A built-in tool's parameters (API calls of it are checked and read as the chat's)."""
+    tool = builtin_tools().get(tool_name)
+    return tool.parameters if tool is not None else None
+
+
 def call_reading(tool_name: str, arguments: dict, schema: dict | None) -> tuple[str, Reading]:
     """How rules read a call: a built-in's own way (a command line as bash reads
     it), and any other tool's argument by argument, against its schema."""

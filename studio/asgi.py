@@ -15,6 +15,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
+from approvals.routing import http_urlpatterns as api_long_polls  # noqa: E402
 from approvals.routing import websocket_urlpatterns as member_sockets  # noqa: E402
 from chat.routing import websocket_urlpatterns as chat_sockets  # noqa: E402
 from studio.process import settle  # noqa: E402
@@ -40,7 +41,11 @@ application = WithRuntime(
         {
             # /static/ from the app's own files, in production too (a proxy may
             # serve them instead in a larger deployment).
-            "http": ASGIStaticFilesHandler(django_asgi_app),
+            # The API's long poll waits on the loop (a Channels HTTP consumer);
+            # every other request goes to Django.
+            "http": URLRouter(
+                [*api_long_polls, re_path(r"", ASGIStaticFilesHandler(django_asgi_app))]
+            ),
             "websocket": SameOriginValidator(
                 AuthMiddlewareStack(
                     URLRouter(

@@ -445,6 +445,9 @@ if MEDIA_ROOT.resolve().is_relative_to(STUDIO_WORKSPACE_ROOT.resolve()):
 STUDIO_WEB_FETCH_ALLOW_PRIVATE = env_bool("STUDIO_WEB_FETCH_ALLOW_PRIVATE", False)
 # Host names web_fetch may reach even when they resolve to private addresses.
 STUDIO_WEB_FETCH_ALLOW_HOSTS = env_list("STUDIO_WEB_FETCH_ALLOW_HOSTS", [])
+# Hosts (host or host:port) an API call's callback_url may name although they
+# resolve to private addresses (an intranet service); others must be public.
+STUDIO_API_CALLBACK_ALLOW_HOSTS = env_list("STUDIO_API_CALLBACK_ALLOW_HOSTS", [])
 
 LLM_BASE_URL = env_str("LLM_BASE_URL")
 LLM_MODEL = env_str("LLM_MODEL", "default")

@@ -22,5 +22,6 @@ urlpatterns = [
     path("accounts/", include("approvals.signin_urls")),
     path("admin/", admin.site.urls),
     path("approvals/", include("approvals.urls")),
+    path("api/v1/", include("approvals.api_urls")),
     path("", include("chat.urls")),
 ]

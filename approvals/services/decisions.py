@@ -22,6 +22,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 
+from approvals.callbacks import callbacks_nudge
 from approvals.models import ToolApproval, ToolRule, arguments_hash, can_review
 from approvals.notify import REVIEWERS_GROUP, member_group
 from approvals.services.rules import (
@@ -458,6 +459,8 @@ def _let_its_run_go_on(approval: ToolApproval) -> None:
 def card_broadcast(approval: ToolApproval, html: str) -> None:
     runtime().outbox.group(approval.conversation.group_name, _card_message(approval, html))
     inbox_broadcast(approval)
+    if approval.callback_url and not approval.is_pending:
+        callbacks_nudge()  # an API call's agent asked to hear of it
 
 
 def _card_message(approval: ToolApproval, html: str) -> dict:

@@ -59,7 +59,28 @@ def tool_names_install(names: Callable[[], list[str]]) -> None:
 
 
 def tool_names() -> list[str]:
-    return _tool_names[0]()
+    """The chat's tools, and the ones agents asked for through the API."""
+    asked = (
+        ToolApproval.objects.filter(source=ToolApproval.Source.API)
+        .order_by()
+        .values_list("tool_name", flat=True)
+        .distinct()
+    )
+    return [*_tool_names[0](), *asked]
+
+
+# The parameter schema of a tool the chat knows, by name (None: not one of
+# them): installed by the chat app, so an API call of ``terminal`` is read
+# and checked as the chat's terminal calls are.
+_schemas: list[Callable[[str], dict | None]] = [lambda name: None]
+
+
+def tool_schema_install(schema_of: Callable[[str], dict | None]) -> None:
+    _schemas[0] = schema_of
+
+
+def tool_schema(name: str) -> dict | None:
+    return _schemas[0](name)
 
 
 def call_read(*, tool_name: str, arguments: dict, schema: dict | None) -> tuple[str, Reading]:

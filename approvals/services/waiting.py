@@ -54,9 +54,11 @@ def approval_request(
     schema: dict | None = None,
     subject: str = "",
     verdict: Verdict | None = None,
+    extra: dict | None = None,
 ) -> ToolApproval:
     """Create the pending row; undecided after ``timeout`` seconds (default
-    STUDIO_APPROVAL_TIMEOUT) it ends as a timeout.
+    STUDIO_APPROVAL_TIMEOUT) it ends as a timeout. ``extra``: an API call's
+    own fields (``approvals.services.api``).
 
     Only after this returns may the caller announce the call (``tool_start``).
     """
@@ -72,6 +74,7 @@ def approval_request(
         expires_at=now + timedelta(seconds=timeout),
         needs_review=verdict is not None and verdict.action == Action.REVIEW,
         **_rule_fields(verdict),
+        **(extra or {}),
     )
     # Once committed: an inbox that hears of it must find the row.
     inbox_broadcast(approval)
@@ -90,6 +93,7 @@ def approval_record_auto(
     hints: list[str] | None = None,
     schema: dict | None = None,
     subject: str = "",
+    extra: dict | None = None,
 ) -> ToolApproval:
     """Record a call the rules let run, or blocked, without asking: still audited."""
     now = timezone.now()
@@ -104,6 +108,7 @@ def approval_record_auto(
         decided_at=now,
         decision_seconds=0.0,
         **_rule_fields(verdict),
+        **(extra or {}),
     )
 
 

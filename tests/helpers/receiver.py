@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class Receiver:
     def __init__(self, *, fail_first: int = 0, status: int = 500) -> None:
         self.posts: list[dict] = []
+        self.requests: list[tuple[dict, bytes]] = []  # each POST's headers and body as sent
         self.fail_first = fail_first
         self.status = status
         self.release = threading.Event()
@@ -22,6 +23,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with receiver.arrived:
                     receiver.posts.append(json.loads(body))
+                    receiver.requests.append((dict(self.headers), body))
                     failing = len(receiver.posts) <= receiver.fail_first
                     receiver.arrived.notify_all()
                 receiver.release.wait(30)

@@ -1,0 +1,164 @@
+"""An API call's callback: one signed POST to the agent when its decision comes.
+
+Each poll (and at once after a decision commits), a process claims the
+decided API rows with a ``callback_url`` never claimed (a conditional
+update: one claim across processes) and POSTs each from a small pool of its
+own, retrying with backoff, through ``studio.net``'s guard: the URL must
+resolve to public addresses when it is sent too (an admin may allow hosts
+with STUDIO_API_CALLBACK_ALLOW_HOSTS). How it went is kept on the row.
+
+The POST carries ``Studio-Signature: t=<unix time>,v1=<hex>``: HMAC-SHA256
+of ``"<t>." + body`` with the SHA-256 (hex) of the token's secret as key, so
+the agent, which holds the token, can check it (studio_approvals.verify_callback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+from django.conf import settings
+from django.utils import timezone
+
+from approvals.models import ToolApproval
+from studio.net import BlockedAddress, GuardedBackend, GuardedTransport, allowed_endpoints
+from studio.runtime import DaemonPool, release_connection
+
+logger = logging.getLogger("studio.api")
+
+CLAIM_BATCH = 100
+ATTEMPTS = 4
+FIRST_DELAY = 1.0  # seconds, tripled after each failed attempt
+
+_pool: DaemonPool | None = None
+
+
+def _callback_pool() -> DaemonPool:
+    global _pool
+    if _pool is None:
+        _pool = DaemonPool(2, "studio-callback")
+    return _pool
+
+
+def signature(key: str, timestamp: int, body: bytes) -> str:
+    return hmac.new(key.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+
+
+def callbacks_claim_due() -> list[ToolApproval]:
+    """Claim the decided API rows whose callback was never sent; each by one caller only."""
+    due = (
+        ToolApproval.objects.decided()
+        .filter(source=ToolApproval.Source.API, callback_at__isnull=True)
+        .exclude(callback_url="")
+        .values_list("pk", flat=True)[:CLAIM_BATCH]
+    )
+    now = timezone.now()
+    claimed = [
+        pk
+        for pk in list(due)
+        if ToolApproval.objects.filter(pk=pk, callback_at__isnull=True).update(callback_at=now)
+    ]
+    if not claimed:
+        return []
+    return list(
+        ToolApproval.objects.filter(pk__in=claimed).select_related(
+            "conversation", "decided_by", "api_token"
+        )
+    )
+
+
+def callback_post(approval: ToolApproval, *, sleep: Callable[[float], None] = time.sleep) -> str:
+    """POST the decision, retrying with backoff; record and return how it went."""
+    if approval.api_token is None:
+        result = "not sent: its token was deleted"
+    else:
+        body = json.dumps({"event": "approval.decided", "approval": approval.api_answer()})
+        result = _send(approval, body.encode(), approval.api_token.secret_sha256, sleep)
+    ToolApproval.objects.filter(pk=approval.pk).update(callback_result=result[:200])
+    logger.info(
+        "api callback for %s: %s",
+        approval.approval_id,
+        result,
+        extra={"event": "api_callback", "approval_id": approval.approval_id},
+    )
+    return result
+
+
+def _send(approval: ToolApproval, body: bytes, key: str, sleep) -> str:
+    backend = GuardedBackend(
+        allow_private=False, allow=allowed_endpoints(settings.STUDIO_API_CALLBACK_ALLOW_HOSTS)
+    )
+    backend.scheme = approval.callback_url.split(":", 1)[0].lower()
+    problem, delay = "", FIRST_DELAY
+    with httpx.Client(
+        transport=GuardedTransport(backend), timeout=10, follow_redirects=False
+    ) as client:
+        for attempt in range(1, ATTEMPTS + 1):
+            stamp = int(time.time())
+            headers = {
+                "Content-Type": "application/json",
+                "User-Agent": "Studio-Callback/1",
+                "Studio-Signature": f"t={stamp},v1={signature(key, stamp, body)}",
+            }
+            try:
+                response = client.post(approval.callback_url, content=body, headers=headers)
+                if 200 <= response.status_code < 300:
+                    return f"delivered (attempt {attempt}, HTTP {response.status_code})"
+                problem = f"HTTP {response.status_code}"
+                if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
+                    return f"refused by the receiver: {problem}"
+            except BlockedAddress as exc:
+                return f"not sent: {exc}"
+            except httpx.HTTPError as exc:
+                problem = f"{type(exc).__name__}: {exc}"[:120]
+            if attempt < ATTEMPTS:
+                sleep(delay)
+                delay *= 3
+    return f"failed after {ATTEMPTS} attempts: {problem}"
+
+
+def _post_and_release(approval: ToolApproval) -> None:
+    try:
+        callback_post(approval)
+    except Exception:
+        logger.exception("api callback for %s failed", approval.approval_id)
+    finally:
+        release_connection()
+
+
+def callbacks_tick() -> int:
+    """Claim what is due and hand each POST to the pool; returns how many."""
+    claimed = callbacks_claim_due()
+    for approval in claimed:
+        _callback_pool().submit(_post_and_release, approval)
+    return len(claimed)
+
+
+def callbacks_nudge() -> None:
+    """A decision on an API call with a callback committed: look now, not at the next poll."""
+    _callback_pool().submit(_tick_and_release)
+
+
+def _tick_and_release() -> None:
+    try:
+        callbacks_tick()
+    except Exception:
+        logger.warning("api callbacks: looking for due rows failed", exc_info=True)
+    finally:
+        release_connection()
+
+
+async def callbacks_loop(rt) -> None:
+    """A runtime service: look for due callbacks every poll (a nudge may have been lost)."""
+    while True:
+        await asyncio.sleep(settings.STUDIO_APPROVAL_POLL_SECONDS)
+        try:
+            await rt.off_loop(callbacks_tick)
+        except Exception:
+            logger.warning("api callbacks: looking for due rows failed", exc_info=True)
