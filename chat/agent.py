@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, Q
 from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolRule, arguments_hash
@@ -532,9 +532,17 @@ class Agent:
             yield self._finish(call, ToolResult.error(CHANGED_TEXT), approval)
             return True
         try:
-            # The tool starts only once its start is committed under the claim.
-            with self._fenced(going_on=True):
-                began = approval_start(approval=approval)
+            # The tool starts only once its start is committed under the claim:
+            # one conditional update that checks the claim (and Stop) as it
+            # marks the start; when it marks nothing, the fenced path says why
+            # (Stop, a takeover, or begun before).
+            self._guard()
+            began = not self.cancel.is_set() and approval_start(
+                approval=approval, only_if=self._claim_holds()
+            )
+            if not began:
+                with self._fenced(going_on=True):
+                    began = approval_start(approval=approval)
         except _Stopped:
             yield self._finish(call, ToolResult(STOPPED_TEXT, ok=False), approval)
             return False
@@ -606,6 +614,23 @@ class Agent:
         """A run given up by this step (see ``Abandoned``) writes nothing more."""
         if self.cancel.abandoned:
             raise Abandoned(self.run_id)
+
+    def _claim_holds(self) -> Exists:
+        """True in a statement while this step's claim holds the run and Stop was not
+        pressed (``run_fence``'s test, for a write that is one conditional update).
+
+        It takes no lock: a takeover committing just after may find the write
+        done, as it finds a call begun by a process that then died.
+        """
+        return Exists(
+            Run.objects.filter(
+                pk=self.run_id,
+                status=Run.Status.RUNNING,
+                owner=self.run.owner,
+                claim=self.run.claim,
+                stop_requested=False,
+            )
+        )
 
     @contextlib.contextmanager
     def _fenced(self, *, going_on: bool = False):

@@ -203,12 +203,16 @@ def approval_record_interrupted(*, approval: ToolApproval) -> None:
     )
 
 
-def approval_start(*, approval: ToolApproval) -> bool:
-    """Mark an allowed call as begun; False if it was begun before (never run it again)."""
+def approval_start(*, approval: ToolApproval, only_if=None) -> bool:
+    """Mark an allowed call as begun; False if it was begun before (never run it again),
+    or if ``only_if`` (a condition of the caller's, checked in the same statement) fails."""
     now = timezone.now()
-    started = ToolApproval.objects.filter(
+    starting = ToolApproval.objects.filter(
         pk=approval.pk, status=Status.ALLOWED, started_at__isnull=True
-    ).update(started_at=now)
+    )
+    if only_if is not None:
+        starting = starting.filter(only_if)
+    started = starting.update(started_at=now)
     if started:
         approval.started_at = now
     return bool(started)
