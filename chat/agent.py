@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, Q
+from django.db.models import Exists
 from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolRule, arguments_hash
@@ -56,8 +56,7 @@ from chat.models import Conversation, Message, Run
 from chat.runs.state import Fenced, run_fence, run_finish
 from chat.toolbox import Toolbox, toolbox_for
 from chat.tools.base import ToolResult
-from chat.transcript import COLUMNS as TRANSCRIPT_COLUMNS
-from chat.transcript import system_message, tool_message, transcript_messages, turn_message
+from chat.transcript import tool_message, transcript_build, turn_message
 from studio.cancel import CancelToken
 from studio.metrics import MODEL_REQUEST_SECONDS, MODEL_TOKENS, TOOL_CALL_SECONDS
 from studio.runtime import release_connection
@@ -80,17 +79,6 @@ BLOCKED_TEXT = "Blocked by a rule: {note}"
 TIMEOUT_TEXT = "nobody decided on this call in time, so it did not run."
 CHANGED_TEXT = "the approved arguments changed after the request; the call did not run."
 LIMIT_TEXT = "the tool-call limit for this run was reached."
-# What a step reads of its run's own rows, beside the transcript's columns.
-RUN_COLUMNS = (
-    "pk",
-    "run_id",
-    "tool_name",
-    "tool_arguments",
-    "is_error",
-    "superseded_at",
-    "created_at",
-    "model_name",
-)
 INTERRUPTED_TEXT = (
     "interrupted: the server stopped while this ran; it may have partly run. It was not run again."
 )
@@ -240,42 +228,18 @@ class Agent:
         return (yield from self._loop())
 
     def _load(self) -> None:
-        """Where the run is, from its rows: its turns, the calls answered, what succeeded;
-        and the transcript so far, from the same read (one statement for both)."""
+        """Where the run is, from its rows: its turns, the calls answered, what succeeded."""
         last_turn = last_role = None
-        branch = []
-        rows = (
-            Message.objects.filter(conversation_id=self.conversation.pk)
-            .filter(Q(superseded_at__isnull=True) | Q(run_id=self.run_id))
-            .order_by("created_at", "id")
-            .values_list(*TRANSCRIPT_COLUMNS, *RUN_COLUMNS)
-        )
-        for row in rows:
-            (role, content, tool_calls, tool_call_id,
-             pk, run_id, tool_name, tool_arguments, is_error, superseded_at, created_at,
-             model) = row  # fmt: skip
-            if superseded_at is None:
-                branch.append((role, content, tool_calls, tool_call_id))
-            if str(run_id) != self.run_id:
-                continue
-            last_role = role
-            if role == Message.Role.ASSISTANT:
-                last_turn = Message(
-                    pk=pk,
-                    conversation_id=self.conversation.pk,
-                    run_id=run_id,
-                    role=role,
-                    content=content,
-                    tool_calls=tool_calls,
-                    created_at=created_at,
-                    model_name=model,
-                )
-                self.call_ids.update(c["id"] for c in tool_calls)
-                self.rounds += bool(tool_calls)
-            elif role == Message.Role.TOOL:
-                self.answered.add(tool_call_id)
-                if not is_error:
-                    self.succeeded.add((tool_name, arguments_hash(tool_arguments)))
+        for message in Message.objects.filter(run_id=self.run_id).order_by("created_at", "id"):
+            last_role = message.role
+            if message.role == Message.Role.ASSISTANT:
+                last_turn = message
+                self.call_ids.update(c["id"] for c in message.tool_calls)
+                self.rounds += bool(message.tool_calls)
+            elif message.role == Message.Role.TOOL:
+                self.answered.add(message.tool_call_id)
+                if not message.is_error:
+                    self.succeeded.add((message.tool_name, arguments_hash(message.tool_arguments)))
         # A final answer or an error message was the run's last word.
         self.finished = last_role == Message.Role.ERROR or (
             last_role == Message.Role.ASSISTANT and not last_turn.tool_calls
@@ -284,9 +248,6 @@ class Agent:
             c["id"] not in self.answered for c in last_turn.tool_calls
         ):
             self.turn = last_turn
-        # The last turn's open calls are answered by this step before the model
-        # is asked again (the system prompt comes then: its file list changes).
-        self.transcript = transcript_messages(branch, close_open=False)
 
     def _open_calls(self) -> list[ToolCall]:
         """The calls of the turn in hand still without a result, in the model's order."""
@@ -305,7 +266,8 @@ class Agent:
 
     def _loop(self) -> Iterator[events.Event]:
         schemas = self.toolbox.schemas()
-        self.transcript.insert(0, system_message(self.conversation, tools=self.toolbox.describe()))
+        # Read after the decided call's result went out: the tab need not wait for it.
+        self.transcript = transcript_build(self.conversation, tools=self.toolbox.describe())
         while True:
             if self.cancel.is_set():
                 self._guard()

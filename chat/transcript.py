@@ -1,8 +1,7 @@
 """The model's transcript, rebuilt from Message rows (nothing lives only in memory).
 
-A run builds it once when a step starts, from the rows it reads then, and
-appends what it saves with the same two helpers, so the model sees exactly
-what a rebuild would give.
+A run builds it once when it starts and then appends what it saves, with
+the same two helpers, so the model sees exactly what a rebuild would give.
 """
 
 from __future__ import annotations
@@ -43,37 +42,24 @@ def tool_message(call_id: str, content: str) -> dict:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
-def system_message(conversation: Conversation, *, tools: str) -> dict:
-    """The prompt, with the tools enabled and the workspace's files as they are now."""
-    return {
-        "role": "system",
-        "content": SYSTEM_PROMPT.format(
-            tools=tools or "none", files=workspace_summary(conversation)
-        ),
-    }
-
-
-# What the transcript reads of a message row, in this order.
-COLUMNS = ("role", "content", "tool_calls", "tool_call_id")
-
-
-def transcript_rows(conversation: Conversation):
-    """The conversation's messages on its branch as ``COLUMNS`` tuples, oldest first.
-
-    Four columns, not model instances: a long conversation is read again at
-    every message sent (200 rows: 4.6 ms as instances, 1.4 ms as tuples).
-    Not what an edit or a regenerate replaced: the model reads the branch it is on.
-    """
-    rows = conversation.messages.filter(superseded_at__isnull=True)
-    return rows.order_by("created_at", "id").values_list(*COLUMNS)
-
-
-def transcript_messages(rows, *, close_open: bool = True) -> list[dict]:
-    """The model's messages for ``rows`` (``COLUMNS`` tuples); ``close_open``: the
-    last turn's calls without a result get one saying the run was interrupted
-    (a run going on from there answers them itself)."""
-    messages: list[dict] = []
+def transcript_build(conversation: Conversation, *, tools: str) -> list[dict]:
+    """``tools``: the enabled tools described for the system prompt."""
+    messages: list[dict] = [
+        {
+            "role": "system",
+            "content": SYSTEM_PROMPT.format(
+                tools=tools or "none", files=workspace_summary(conversation)
+            ),
+        }
+    ]
     open_calls: list[str] = []
+    # Four columns, not model instances: a long conversation is read again at
+    # every message sent (200 rows: 4.6 ms as instances, 1.4 ms as tuples).
+    # Not what an edit or a regenerate replaced: the model reads the branch it is on.
+    rows = conversation.messages.filter(superseded_at__isnull=True)
+    rows = rows.order_by("created_at", "id").values_list(
+        "role", "content", "tool_calls", "tool_call_id"
+    )
     for role, content, tool_calls, tool_call_id in rows:
         if role != Message.Role.TOOL:
             messages.extend(_close(open_calls))
@@ -88,17 +74,8 @@ def transcript_messages(rows, *, close_open: bool = True) -> list[dict]:
                 open_calls.remove(tool_call_id)
                 messages.append(tool_message(tool_call_id, content))
         # ERROR rows are for people, not for the model.
-    if close_open:
-        messages.extend(_close(open_calls))
+    messages.extend(_close(open_calls))
     return messages
-
-
-def transcript_build(conversation: Conversation, *, tools: str) -> list[dict]:
-    """``tools``: the enabled tools described for the system prompt."""
-    return [
-        system_message(conversation, tools=tools),
-        *transcript_messages(transcript_rows(conversation)),
-    ]
 
 
 def _close(open_calls: list[str]) -> list[dict]:

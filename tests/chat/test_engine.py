@@ -276,14 +276,14 @@ async def test_a_decided_calls_result_goes_out_before_the_model_is_asked_again(
 
     result_seen = threading.Event()
     first = []  # per request built: whether the tab had the result by then
-    build = agent.system_message
+    build = agent.transcript_build
 
     def held_build(*args, **kwargs):
         first.append(result_seen.wait(5))
         return build(*args, **kwargs)
 
     tab, approval = await watched(rt, conversation)
-    monkeypatch.setattr(agent, "system_message", held_build)
+    monkeypatch.setattr(agent, "transcript_build", held_build)
     await decide(approval, alice, "allow")
     html = (await tab.until("data-tool-result="))["html"]
     result_seen.set()

@@ -35,7 +35,7 @@ TAB_RECONNECT = 10
 DECISION_POST = 5
 # The decided run's step to its end (claim, each fenced write, the model's
 # reply, the run's end), on the runtime's threads; BEGIN not counted.
-DECISION_STEP = 11
+DECISION_STEP = 12
 
 
 class Statements:
