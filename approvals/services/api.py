@@ -177,9 +177,7 @@ def _request_fields(body: object) -> dict:
             Draft202012Validator.check_schema(schema)
         except SchemaError as exc:
             raise BadRequest(f"schema is not a valid JSON Schema: {exc.message}") from None
-        problem = next(iter(Draft202012Validator(schema).iter_errors(arguments)), None)
-        if problem is not None:
-            raise BadRequest(f"the arguments do not fit the schema: {problem.message}")
+        _check_fit(schema, arguments, "the schema")
     context_url = _text(body, "context_url", 2000)
     if context_url and not re.match(r"^https?://[^\s/]+", context_url):
         raise BadRequest("context_url must be an http or https URL")
@@ -203,6 +201,12 @@ def _request_fields(body: object) -> dict:
         "timeout": float(timeout) if timeout is not None else None,
         "callback_url": callback_url,
     }
+
+
+def _check_fit(schema: dict, arguments: dict, what: str) -> None:
+    problem = next(iter(Draft202012Validator(schema).iter_errors(arguments)), None)
+    if problem is not None:
+        raise BadRequest(f"the arguments do not fit {what}: {problem.message}")
 
 
 def _check_callback(url: str) -> None:
@@ -240,11 +244,7 @@ def approval_ask(*, token: ApiToken, body: object) -> Asked:
     # A tool the chat knows is read and checked by its own schema, not the agent's.
     schema = tool_schema(fields["tool"])
     if schema is not None:
-        problem = next(iter(Draft202012Validator(schema).iter_errors(fields["arguments"])), None)
-        if problem is not None:
-            raise BadRequest(
-                f"the arguments do not fit the {fields['tool']} tool: {problem.message}"
-            )
+        _check_fit(schema, fields["arguments"], f"the {fields['tool']} tool")
     else:
         schema = fields["schema"]
     subject, reading = call_read(
