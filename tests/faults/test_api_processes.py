@@ -192,3 +192,51 @@ def test_the_hook_denies_by_rule_and_falls_back_to_ask_when_studio_is_down(serve
     out = hook_answer(child)
     assert out["permissionDecision"] == "ask"
     assert "could not be reached" in out["permissionDecisionReason"]
+
+
+def threads_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return int(next(line for line in status if line.startswith("Threads:")).split()[1])
+
+
+def test_long_polls_hold_no_thread(server, alice, secret):
+    """Forty agents waiting at once: the server's threads stay as they were (each
+    poll waits on the event loop), and every one hears its own decision."""
+    import threading
+
+    import httpx
+
+    headers = {"Authorization": f"Bearer {secret}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+        ids = [
+            http.post("/api/v1/approvals", json={"tool": "deploy", "arguments": {"n": n}}).json()[
+                "id"
+            ]
+            for n in range(40)
+        ]
+        # Warm: the pools a first request starts are there before counting.
+        http.get(f"/api/v1/approvals/{ids[0]}", params={"wait": "0"})
+    before = threads_of(server.pid)
+    answers: dict[str, str] = {}
+
+    def wait_for(approval_id: str) -> None:
+        with httpx.Client(base_url=server.url, headers=headers, timeout=70) as http:
+            answer = http.get(f"/api/v1/approvals/{approval_id}", params={"wait": "60"})
+            answers[approval_id] = answer.json()["status"]
+
+    waiters = [threading.Thread(target=wait_for, args=(i,)) for i in ids]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(2)  # all forty are waiting in the server now
+    during = threads_of(server.pid)
+    assert not answers
+    assert during - before < 5, (before, during)
+    page = Browserish(server.url, session_cookie(alice))
+    try:
+        for n, approval_id in enumerate(ids):
+            page.decide(approval_id, "allow" if n % 2 else "deny")
+    finally:
+        page.close()
+    for waiter in waiters:
+        waiter.join(BOUND)
+    assert [answers[i] for i in ids] == ["denied", "allowed"] * 20
