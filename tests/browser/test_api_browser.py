@@ -1,4 +1,5 @@
-"""An agent outside the chat asks through /api/v1/ and a member decides in Chromium.
+"""An agent outside the chat asks through /api/v1/ and a member decides in Chromium,
+on a daphne serving Studio on PostgreSQL and Redis.
 
 The agent is a process of its own using the shipped client (studio_approvals);
 its card comes into the member's open inbox live, the member allows it there,
@@ -18,7 +19,8 @@ from approvals.models import ToolApproval
 from tests.browser.ui import login
 from tests.helpers.procs import ROOT, read_line
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# PostgreSQL and Redis under the server (the services pass), as in production.
+pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # ORM checks beside Playwright's loop
 
 BOUND = 30
