@@ -149,6 +149,26 @@ def approval_result(request: HttpRequest, approval_id: str) -> JsonResponse:
 
 @login_not_required
 @require_GET
+def approval_status(request: HttpRequest, approval_id: str) -> JsonResponse:
+    """Where ``ApprovalWait`` does not serve (a WSGI worker): the call now, no waiting."""
+    token = token_authenticate(request.headers.get("Authorization", ""))
+    if token is None:
+        return _unauthorized()
+    if request.GET.get("wait", "0") not in ("", "0"):
+        return _error(
+            400,
+            "this server cannot wait (it is not Studio's ASGI application): "
+            "route /api/v1/ to daphne, or ask with wait=0",
+        )
+    approval = approval_for_token(token=token, approval_id=approval_id)
+    if approval is None:
+        return _error(404, "no approval of this token has this id")
+    _log(token, request, 200)
+    return JsonResponse(approval.api_answer())
+
+
+@login_not_required
+@require_GET
 def schema(request: HttpRequest) -> JsonResponse:
     """The API's OpenAPI document, for a signed-in member or a token's holder."""
     if not request.user.is_authenticated and (

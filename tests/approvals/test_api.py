@@ -474,3 +474,16 @@ def test_a_tokens_conversation_is_not_deleted_under_it(token):
 
     with pytest.raises(RestrictedError):
         token.conversation.delete()
+
+
+def test_where_django_alone_serves_the_call_is_read_without_waiting(token, bob):
+    data = ask(token.secret, {"tool": "deploy"}).json()
+    client = Client(headers={"authorization": f"Bearer {token.secret}"})
+    now = client.get(f"/api/v1/approvals/{data['id']}")
+    assert now.status_code == 200 and now.json()["status"] == "pending"
+    waiting = client.get(f"/api/v1/approvals/{data['id']}?wait=30")
+    assert waiting.status_code == 400 and "route /api/v1/ to daphne" in waiting.json()["error"]
+    _, other = token_create(user=bob, name="b")
+    foreign = Client(headers={"authorization": f"Bearer {other}"})
+    assert foreign.get(f"/api/v1/approvals/{data['id']}").status_code == 404
+    assert Client().get(f"/api/v1/approvals/{data['id']}").status_code == 401
