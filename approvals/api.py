@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from urllib.parse import parse_qs
@@ -85,85 +86,79 @@ def _log(token: ApiToken, request: HttpRequest, status: int) -> None:
     )
 
 
-@login_not_required
-@csrf_exempt
-@require_POST
-def approvals_create(request: HttpRequest) -> JsonResponse:
-    """Ask for a decision: 201 (pending or allowed), 200 (a replayed key), 403 (a Deny rule)."""
-    token = token_authenticate(request.headers.get("Authorization", ""))
-    if token is None:
-        return _unauthorized()
-    if _too_big(request):
-        response = _error(413, f"the body must be at most {MAX_BODY} bytes")
-        _log(token, request, 413)
-        return response
-    try:
-        asked = approval_ask(token=token, body=_json_body(request))
-    except BadRequest as exc:
-        response = _error(400, str(exc))
-    except Conflict as exc:
-        response = _error(409, str(exc))
-    else:
-        approval = asked.approval
-        status = 201 if asked.created else 200
-        if approval.status == ToolApproval.Status.DENIED and approval.reason in (
-            ToolApproval.Reason.RULE,
-            ToolApproval.Reason.POLICY,
-        ):
-            status = 403
-        response = JsonResponse(approval.api_answer(), status=status)
-        response["Location"] = f"/api/v1/approvals/{approval.approval_id}"
-        if not asked.created:
-            response["Idempotent-Replayed"] = "true"
-    _log(token, request, response.status_code)
-    return response
+def with_token(view):
+    """An API view, given the request's token: 401 without one, 413 for a body over
+    MAX_BODY, 400 and 409 for what the services refuse; every use logged."""
 
-
-@login_not_required
-@csrf_exempt
-@require_POST
-def approval_result(request: HttpRequest, approval_id: str) -> JsonResponse:
-    """Keep what an allowed call did (exit status, output) on its audit row; once."""
-    token = token_authenticate(request.headers.get("Authorization", ""))
-    if token is None:
-        return _unauthorized()
-    if _too_big(request):
-        response = _error(413, f"the body must be at most {MAX_BODY} bytes")
-    else:
-        try:
-            approval = approval_report(
-                token=token, approval_id=approval_id, body=_json_body(request)
-            )
-        except BadRequest as exc:
-            response = _error(400, str(exc))
-        except Conflict as exc:
-            response = _error(409, str(exc))
+    @functools.wraps(view)
+    def answer(request: HttpRequest, *args, **kwargs) -> JsonResponse:
+        token = token_authenticate(request.headers.get("Authorization", ""))
+        if token is None:
+            return _unauthorized()
+        if _too_big(request):
+            response = _error(413, f"the body must be at most {MAX_BODY} bytes")
         else:
-            if approval is None:
-                response = _error(404, "no approval of this token has this id")
-            else:
-                response = JsonResponse(approval.api_answer())
-    _log(token, request, response.status_code)
+            try:
+                response = view(request, token, *args, **kwargs)
+            except BadRequest as exc:
+                response = _error(400, str(exc))
+            except Conflict as exc:
+                response = _error(409, str(exc))
+        _log(token, request, response.status_code)
+        return response
+
+    return answer
+
+
+NOT_FOUND = "no approval of this token has this id"
+
+
+@login_not_required
+@csrf_exempt
+@require_POST
+@with_token
+def approvals_create(request: HttpRequest, token: ApiToken) -> JsonResponse:
+    """Ask for a decision: 201 (pending or allowed), 200 (a replayed key), 403 (a Deny rule)."""
+    asked = approval_ask(token=token, body=_json_body(request))
+    approval = asked.approval
+    status = 201 if asked.created else 200
+    if approval.status == ToolApproval.Status.DENIED and approval.reason in (
+        ToolApproval.Reason.RULE,
+        ToolApproval.Reason.POLICY,
+    ):
+        status = 403
+    response = JsonResponse(approval.api_answer(), status=status)
+    response["Location"] = f"/api/v1/approvals/{approval.approval_id}"
+    if not asked.created:
+        response["Idempotent-Replayed"] = "true"
     return response
+
+
+@login_not_required
+@csrf_exempt
+@require_POST
+@with_token
+def approval_result(request: HttpRequest, token: ApiToken, approval_id: str) -> JsonResponse:
+    """Keep what an allowed call did (exit status, output) on its audit row; once."""
+    approval = approval_report(token=token, approval_id=approval_id, body=_json_body(request))
+    if approval is None:
+        return _error(404, NOT_FOUND)
+    return JsonResponse(approval.api_answer())
 
 
 @login_not_required
 @require_GET
-def approval_status(request: HttpRequest, approval_id: str) -> JsonResponse:
+@with_token
+def approval_status(request: HttpRequest, token: ApiToken, approval_id: str) -> JsonResponse:
     """Where ``ApprovalWait`` does not serve (a WSGI worker): the call now, no waiting."""
-    token = token_authenticate(request.headers.get("Authorization", ""))
-    if token is None:
-        return _unauthorized()
     if request.GET.get("wait", "0") not in ("", "0"):
-        return _error(
-            400,
+        raise BadRequest(
             "this server cannot wait (it is not Studio's ASGI application): "
-            "route /api/v1/ to daphne, or ask with wait=0",
+            "route /api/v1/ to daphne, or ask with wait=0"
         )
     approval = approval_for_token(token=token, approval_id=approval_id)
     if approval is None:
-        return _error(404, "no approval of this token has this id")
-    _log(token, request, 200)
+        return _error(404, NOT_FOUND)
     return JsonResponse(approval.api_answer())
 
 
@@ -232,7 +227,7 @@ class ApprovalWait(AsyncHttpConsumer):
         try:
             approval = await rt.off_loop(approval_for_token, token=token, approval_id=approval_id)
             if approval is None:
-                await self._json(404, {"error": "no approval of this token has this id"})
+                await self._json(404, {"error": NOT_FOUND})
                 return
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait
