@@ -53,7 +53,7 @@ from approvals.services.waiting import (
 from chat import events
 from chat.llm.base import ChatModel, LLMError, TextDelta, ToolCall, TurnEnd, new_call_id
 from chat.models import Conversation, Message, Run
-from chat.runs.state import Fenced, run_fence, run_finish
+from chat.runs.state import Fenced, run_fence, run_finish, run_held
 from chat.toolbox import Toolbox, toolbox_for
 from chat.tools.base import ToolResult
 from chat.transcript import tool_message, transcript_build, turn_message
@@ -584,15 +584,8 @@ class Agent:
         It takes no lock: a takeover committing just after may find the write
         done, as it finds a call begun by a process that then died.
         """
-        return Exists(
-            Run.objects.filter(
-                pk=self.run_id,
-                status=Run.Status.RUNNING,
-                owner=self.run.owner,
-                claim=self.run.claim,
-                stop_requested=False,
-            )
-        )
+        held = run_held(run_id=self.run_id, owner=self.run.owner, claim=self.run.claim)
+        return Exists(held.filter(stop_requested=False))
 
     @contextlib.contextmanager
     def _fenced(self, *, going_on: bool = False):

@@ -174,8 +174,7 @@ class Stepper:
             logger.exception("run %s failed", self.local.run_id)
             self.status, self.error = Run.Status.ERROR, f"{type(exc).__name__}: {exc}"
             self._report_crash()
-        ended = self.agent is not None and self.agent.ended_run
-        if self.local.cancel.abandoned and not ended:
+        if self.local.cancel.abandoned and not self._ended_with_answer:
             return None  # the process is exiting; another takes the run on
         self._end()
         return None
@@ -209,10 +208,13 @@ class Stepper:
         self.publisher.send(render.appended(render.message(MessageView.of(message))))
         self.publisher.flush()
 
+    @property
+    def _ended_with_answer(self) -> bool:
+        """The run's end was recorded in the answer's commit (``Agent._end_with``)."""
+        return self.agent is not None and self.agent.ended_run
+
     def _end(self) -> None:
-        # Ended with the model's answer, in the answer's commit (``Agent._end_with``).
-        ended = self.agent is not None and self.agent.ended_run
-        if not ended and not run_finish(
+        if not self._ended_with_answer and not run_finish(
             run_id=self.local.run_id,
             owner=self.run.owner,
             claim=self.run.claim,

@@ -112,6 +112,11 @@ class Fenced(Exception):
     it ended): the step writes nothing more."""
 
 
+def run_held(*, run_id: str, owner: str, claim: int):
+    """The run, while this owner's claim number still holds it (the fence's test)."""
+    return Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, owner=owner, claim=claim)
+
+
 def run_fence(*, run_id: str, owner: str, claim: int) -> bool:
     """Hold the run for this step's claim until the transaction commits; raises ``Fenced``.
 
@@ -123,8 +128,8 @@ def run_fence(*, run_id: str, owner: str, claim: int) -> bool:
     in and wherever its message went.
     """
     stop_requested = (
-        Run.objects.select_for_update()
-        .filter(pk=run_id, status=Run.Status.RUNNING, owner=owner, claim=claim)
+        run_held(run_id=run_id, owner=owner, claim=claim)
+        .select_for_update()
         .values_list("stop_requested", flat=True)
         .first()
     )
