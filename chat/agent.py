@@ -19,7 +19,9 @@ a result (the process died meanwhile) is reported as interrupted, never run
 again.
 
 Every write of a step is *fenced* (``_fenced``): in its transaction it first
-holds the run's row for the step's claim (``chat.runs.state.run_fence``). A
+holds the run's row for the step's claim (``chat.runs.state.run_fence``), or
+its first statement is a conditional update that tests the claim itself (a
+tool's start and result, the final answer with the run's end). A
 step whose process paused while another took the run over writes nothing
 more and ends; after Stop (a row change) a step starts nothing new: no
 model turn, no card, no tool.
@@ -509,10 +511,14 @@ class Agent:
             yield self._finish(call, ToolResult(STOPPED_TEXT, ok=False), approval)
             return False
         if not began:
-            # Begun before, by a process that stopped before its result was saved.
+            # Begun before, by a process that stopped before its result was saved
+            # (or was saving it as this step took the run over: then it is kept).
             with self._fenced():
-                approval_record_interrupted(approval=approval)
-                finished = self._finish(call, ToolResult.error(INTERRUPTED_TEXT), approval)
+                finished = None
+                if not approval_record_interrupted(approval=approval):
+                    finished = self._saved_before(call, approval)
+                if finished is None:
+                    finished = self._finish(call, ToolResult.error(INTERRUPTED_TEXT), approval)
             yield finished
             return True
         arguments = approval.arguments_to_run
@@ -541,17 +547,19 @@ class Agent:
         if approval.was_edited:
             shown = replace(result, text=f"{EDITED_TEXT}\n{result.text}")
         # The audit's output record and the result message: one commit (on
-        # PostgreSQL each commit waits for its WAL flush).
+        # PostgreSQL each commit waits for its WAL flush), fenced by the
+        # record's own update.
         Outcome = ToolApproval.RunOutcome
         outcome = Outcome.STOPPED if result.stopped else Outcome.OK if result.ok else Outcome.FAILED
-        with self._fenced():
-            approval_record_output(
-                approval=approval,
-                text=result.text,
-                seconds=seconds,
-                outcome=outcome,
-                session=result.session,
-            )
+        record = functools.partial(
+            approval_record_output,
+            approval=approval,
+            text=result.text,
+            seconds=seconds,
+            outcome=outcome,
+            session=result.session,
+        )
+        with self._fenced(first=record):
             finished = self._finish(call, shown, approval)
         yield finished
         return True
@@ -577,44 +585,54 @@ class Agent:
         if self.cancel.abandoned:
             raise Abandoned(self.run_id)
 
-    def _claim_holds(self) -> Exists:
-        """True in a statement while this step's claim holds the run and Stop was not
-        pressed (``run_fence``'s test, for a write that is one conditional update).
+    def _claim_holds(self, *, unless_stopped: bool = True) -> Exists:
+        """True in a statement while this step's claim holds the run (and, with
+        ``unless_stopped``, Stop was not pressed): ``run_fence``'s test, for a
+        write whose first statement is one conditional update.
 
         It takes no lock: a takeover committing just after may find the write
-        done, as it finds a call begun by a process that then died.
+        done, as it finds a call begun by a process that then died; a write the
+        takeover would also make (a call's outcome) is ordered by its own row.
         """
         held = run_held(run_id=self.run_id, owner=self.run.owner, claim=self.run.claim)
-        return Exists(held.filter(stop_requested=False))
+        return Exists(held.filter(stop_requested=False) if unless_stopped else held)
 
     @contextlib.contextmanager
-    def _fenced(self, *, going_on: bool = False):
+    def _fenced(self, *, going_on: bool = False, first: Callable[..., bool] | None = None):
         """A write of this step: it commits only while the step's claim holds the run.
 
         Fenced out, the step gives the run up (``Abandoned``); ``going_on``
         (a write that makes the run go on) after Stop raises ``_Stopped``.
+        ``first``: the write's first statement, a conditional update taking the
+        claim's test as ``only_if``; when it marks its row the claim held and
+        the run's row is not locked; when not, ``run_fence`` says why.
         """
         self._guard()
         if self._fencing:  # a write within a fenced one: the same transaction
+            if first is not None:
+                first()
             yield
             return
         with transaction.atomic():
-            try:
-                goes_on = run_fence(run_id=self.run_id, owner=self.run.owner, claim=self.run.claim)
-            except Fenced:
-                logger.warning(
-                    "run %s: taken over elsewhere; this step writes no more", self.run_id
-                )
-                self.cancel.abandon()
-                raise Abandoned(self.run_id) from None
-            if going_on and (not goes_on or self.cancel.is_set()):
-                self.cancel.cancel()
-                raise _Stopped(self.run_id)
+            if first is None or not first(only_if=self._claim_holds(unless_stopped=False)):
+                self._fence(going_on=going_on)
             self._fencing = True
             try:
                 yield
             finally:
                 self._fencing = False
+
+    def _fence(self, *, going_on: bool) -> None:
+        """Hold the run's row for this step's claim (``run_fence``), or give the run up."""
+        try:
+            goes_on = run_fence(run_id=self.run_id, owner=self.run.owner, claim=self.run.claim)
+        except Fenced:
+            logger.warning("run %s: taken over elsewhere; this step writes no more", self.run_id)
+            self.cancel.abandon()
+            raise Abandoned(self.run_id) from None
+        if going_on and (not goes_on or self.cancel.is_set()):
+            self.cancel.cancel()
+            raise _Stopped(self.run_id)
 
     def _save_turn(self, turn: TurnEnd) -> list[ToolCall]:
         calls = turn.tool_calls
@@ -682,19 +700,35 @@ class Agent:
     def _finish(
         self, call: ToolCall, result: ToolResult, approval: ToolApproval | None = None
     ) -> events.ToolFinished:
-        message = self._save_result(call, result, approval)
+        return self._finished(call, self._save_result(call, result, approval), approval)
+
+    def _finished(
+        self, call: ToolCall, message: Message, approval: ToolApproval | None
+    ) -> events.ToolFinished:
         return events.ToolFinished(
             message_id=self.turn.pk,
             call=events.CallView(call.id, call.name or "", call.arguments or {}),
             result_id=message.pk,
             result=message.content,
-            ok=result.ok,
+            ok=not message.is_error,
             approval_id=approval.approval_id if approval else "",
             created_at=message.created_at,
             conversation_id=self.conversation.pk,
-            images=result.images,
+            images=tuple(message.attachments),
             stopped_by=message.stopped_by,
         )
+
+    def _saved_before(self, call: ToolCall, approval: ToolApproval) -> events.ToolFinished | None:
+        """The result another step saved for ``call`` after this one read the run."""
+        message = Message.objects.filter(
+            run_id=self.run_id, role=Message.Role.TOOL, tool_call_id=call.id
+        ).first()
+        if message is None:
+            return None
+        if not message.is_error:
+            self.succeeded.add((call.name, arguments_hash(message.tool_arguments)))
+        self.transcript.append(tool_message(call.id, message.content))
+        return self._finished(call, message, approval)
 
     def _save_result(
         self, call: ToolCall, result: ToolResult, approval: ToolApproval | None = None

@@ -13,6 +13,7 @@ import logging
 import shlex
 
 from django.conf import settings
+from django.db.models import Count, Max, Subquery
 from django.utils import timezone
 
 from chat.models import McpServer, parse_pairs
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 
 HUB = "chat.mcp"  # its name among the runtime's parts
+SERVERS = "chat.mcp.servers"
 
 
 def hub() -> McpHub:
@@ -60,10 +62,13 @@ def _save_report(report: Report) -> None:
     now = timezone.now()
     try:
         rows = McpServer.objects.filter(name=report.server)
+        # Each write moves ``updated_at``: the servers' version (``servers_version``).
         if report.connected:
-            rows.update(last_connected_at=now, tools=[t.as_dict() for t in report.tools])
+            rows.update(
+                last_connected_at=now, tools=[t.as_dict() for t in report.tools], updated_at=now
+            )
         else:
-            rows.update(last_error=report.error[:2000], last_error_at=now)
+            rows.update(last_error=report.error[:2000], last_error_at=now, updated_at=now)
     except Exception:
         logger.exception("could not record the state of MCP server %s", report.server)
     finally:
@@ -101,8 +106,39 @@ def server_tools(server: McpServer, *, connect: bool) -> list[Tool]:
     ]
 
 
-def enabled_servers() -> list[McpServer]:
-    return list(McpServer.objects.filter(enabled=True))
+def servers_version() -> dict:
+    """Annotations for a query of one row (a run's claim) that change whenever the
+    enabled servers' rows do: how many, and the latest ``updated_at`` (every
+    write of a server's row sets it). A step reads the servers only then."""
+    enabled = McpServer.objects.filter(enabled=True).order_by().values("enabled")
+    return {
+        "mcp_servers": Subquery(enabled.annotate(n=Count("pk")).values("n")),
+        "mcp_servers_at": Subquery(enabled.annotate(at=Max("updated_at")).values("at")),
+    }
+
+
+class EnabledServers:
+    """The enabled servers' rows as this process last read them, with their version."""
+
+    def __init__(self) -> None:
+        self.read: tuple[tuple, list[McpServer]] | None = None  # replaced whole, never changed
+
+    def rows(self, version: tuple | None = None) -> list[McpServer]:
+        """The rows; read again unless ``version`` is the one they were read at."""
+        read = self.read
+        if version is not None and read is not None and read[0] == version:
+            return read[1]
+        rows = list(McpServer.objects.filter(enabled=True))
+        if version is not None:
+            # Read after the version: at worst newer than it, so read again next time.
+            self.read = (version, rows)
+        return rows
+
+
+def enabled_servers(version: tuple | None = None) -> list[McpServer]:
+    """The enabled servers' rows (this process's last read when ``version`` says
+    they have not changed since; see ``servers_version``)."""
+    return runtime().part(SERVERS, EnabledServers).rows(version)
 
 
 def never_reached(servers: list[McpServer]) -> bool:
@@ -122,8 +158,9 @@ def mcp_tools(*, connect: bool = False, servers: list[McpServer] | None = None) 
 def refresh_tools(server: McpServer) -> int:
     """Ask the server for its tools now (admin action); returns how many it has."""
     tools = hub().refresh(spec_for(server))
+    now = timezone.now()
     McpServer.objects.filter(pk=server.pk).update(
-        last_connected_at=timezone.now(), tools=[t.as_dict() for t in tools]
+        last_connected_at=now, tools=[t.as_dict() for t in tools], updated_at=now
     )
     return len(tools)
 

@@ -32,13 +32,18 @@ class Toolbox:
 
 
 def toolbox_for(
-    conversation: Conversation, *, enabled: list[str] | None = None, connect: bool = False
+    conversation: Conversation,
+    *,
+    enabled: list[str] | None = None,
+    connect: bool = False,
+    mcp_version: tuple | None = None,
 ) -> Toolbox:
-    """The tools of a run in ``conversation`` (``connect``: open MCP sessions not yet open)."""
+    """The tools of a run in ``conversation`` (``connect``: open MCP sessions not yet
+    open; ``mcp_version``: the MCP servers' version read with the run's claim)."""
     from chat.mcp import enabled_servers, mcp_tools, never_reached
 
     builtins = builtin_tools()
-    servers = enabled_servers()
+    servers = enabled_servers(mcp_version)
     learned = connect and never_reached(servers)
     remote = mcp_tools(connect=connect, servers=servers)
     tools = {**builtins, **remote}

@@ -137,20 +137,37 @@ def _rule_fields(verdict: Verdict | None) -> dict:
 
 
 def approval_record_output(
-    *, approval: ToolApproval, text: str, seconds: float, outcome: str, session: str = ""
-) -> None:
+    *,
+    approval: ToolApproval,
+    text: str,
+    seconds: float,
+    outcome: str,
+    session: str = "",
+    only_if=None,
+) -> bool:
     """Keep what the tool gave back: its first OUTPUT_SUMMARY_BYTES, size and SHA-256,
     how its run ended (``outcome``) and the kept interpreter it ran in
-    (``session``; blank: one of its own)."""
+    (``session``; blank: one of its own).
+
+    Once per call: False when its outcome was recorded already (a takeover
+    found it interrupted), or when ``only_if`` (a condition of the caller's,
+    checked in the same statement) fails. The row's lock orders this write
+    and ``approval_record_interrupted``: the second finds the first's outcome.
+    """
     data = text.encode("utf-8", "replace")
     summary = data[:OUTPUT_SUMMARY_BYTES].decode("utf-8", "ignore")
-    ToolApproval.objects.filter(pk=approval.pk).update(
-        run_outcome=outcome,
-        interpreter_session=session,
-        run_seconds=seconds,
-        output_summary=strip_nul(summary),
-        output_size=len(data),
-        output_sha256=hashlib.sha256(data).hexdigest(),
+    recording = ToolApproval.objects.filter(pk=approval.pk, run_outcome="")
+    if only_if is not None:
+        recording = recording.filter(only_if)
+    return bool(
+        recording.update(
+            run_outcome=outcome,
+            interpreter_session=session,
+            run_seconds=seconds,
+            output_summary=strip_nul(summary),
+            output_size=len(data),
+            output_sha256=hashlib.sha256(data).hexdigest(),
+        )
     )
 
 
@@ -196,10 +213,14 @@ def approval_cancel_run(*, run_id: str) -> int:
     return len(ended)
 
 
-def approval_record_interrupted(*, approval: ToolApproval) -> None:
-    """A call begun before by a process that stopped before saving its result."""
-    ToolApproval.objects.filter(pk=approval.pk, run_outcome="").update(
-        run_outcome=ToolApproval.RunOutcome.INTERRUPTED
+def approval_record_interrupted(*, approval: ToolApproval) -> bool:
+    """A call begun before by a process that stopped before saving its result;
+    False when its result was recorded after all (its step's last write was
+    still committing as the run was taken over)."""
+    return bool(
+        ToolApproval.objects.filter(pk=approval.pk, run_outcome="").update(
+            run_outcome=ToolApproval.RunOutcome.INTERRUPTED
+        )
     )
 
 

@@ -74,15 +74,15 @@ def drive(rt: Runtime, run_id: str, *, launched: tuple | None = None) -> None:
                 runs_abandon(run_ids=[run_id], owner=owner)  # another process starts it
             return
         if launched is not None:
-            (run, first), start = launched, Start.LAUNCHED
+            (run, first), start, mcp_version = launched, Start.LAUNCHED, None
         else:
             claim = run_claim(run_id=run_id, owner=owner)
             if claim is None:
                 return  # someone else steps it, it ended, or it cannot go on yet
-            run, first, start = claim.run, None, Start.of(claim)
+            run, first, start, mcp_version = claim.run, None, Start.of(claim), claim.mcp_version
         ids = {"run_id": run_id, "conversation_id": run.conversation_id}
         with log_context(**ids, user_id=run.started_by_id):
-            _step_until_it_waits(rt, run, start, first=first)
+            _step_until_it_waits(rt, run, start, first=first, mcp_version=mcp_version)
     except Exception:
         logger.exception("run %s: driver failed", run_id)
     finally:
@@ -90,7 +90,12 @@ def drive(rt: Runtime, run_id: str, *, launched: tuple | None = None) -> None:
 
 
 def _step_until_it_waits(
-    rt: Runtime, run: Run, start: Start, *, first: Message | None = None
+    rt: Runtime,
+    run: Run,
+    start: Start,
+    *,
+    first: Message | None = None,
+    mcp_version: tuple | None = None,
 ) -> None:
     """Step the claimed run, again while a decision lands as it lets go; then let it go."""
     run_id, owner = str(run.pk), rt.inbox.name
@@ -100,7 +105,7 @@ def _step_until_it_waits(
             local.cancel.cancel()
         local_runs(rt).begin(local)
         try:
-            waiting_on = Stepper(local, run, start, first=first).step()
+            waiting_on = Stepper(local, run, start, first=first, mcp_version=mcp_version).step()
         finally:
             local_runs(rt).end(run_id)
         if waiting_on is None or not run_release(
@@ -116,18 +121,26 @@ def _step_until_it_waits(
         if claim is None:
             return
         run, first, start = claim.run, None, Start.CONTINUED
+        mcp_version = claim.mcp_version
 
 
 class Stepper:
     """One step of a run on a worker thread; publishes its events as fragments."""
 
     def __init__(
-        self, local: LocalRun, run: Run, start: Start, *, first: Message | None = None
+        self,
+        local: LocalRun,
+        run: Run,
+        start: Start,
+        *,
+        first: Message | None = None,
+        mcp_version: tuple | None = None,
     ) -> None:
         self.local = local
         self.run = run
         self.start = start
         self.first = first  # the member's message that launched it
+        self.mcp_version = mcp_version
         self.agent: Agent | None = None
         self.publisher: Publisher | None = None
         self.status, self.error = Run.Status.DONE, ""
@@ -160,7 +173,7 @@ class Stepper:
                 run=self.run,
                 # MCP servers never reached yet are asked for their tools now,
                 # on this worker thread (lazily, and never on a page load).
-                toolbox=toolbox_for(conversation, connect=True),
+                toolbox=toolbox_for(conversation, connect=True, mcp_version=self.mcp_version),
                 live=publisher.live_output,
             )
             for event in agent.events():

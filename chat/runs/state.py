@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from approvals.models import ToolApproval
 from approvals.services.waiting import approval_cancel_run, approvals_time_out
+from chat.mcp import servers_version
 from chat.models import Run
 from studio import process
 
@@ -51,6 +52,8 @@ class Claim:
     resumed: bool
     # Its first step: handed over by the process that started it (run_create).
     started: bool = False
+    # The MCP servers' version as the claim read the run (``chat.mcp.servers_version``).
+    mcp_version: tuple | None = None
 
 
 def run_claim(*, run_id: str, owner: str) -> Claim | None:
@@ -68,6 +71,7 @@ def run_claim(*, run_id: str, owner: str) -> Claim | None:
     run = (
         Run.objects.running()
         .select_related("conversation__model", "started_by")
+        .annotate(**servers_version())
         .filter(pk=run_id)
         .first()
     )
@@ -104,7 +108,8 @@ def run_claim(*, run_id: str, owner: str) -> Claim | None:
     run.owner, run.waiting_on, run.heartbeat_at, run.handed_over = owner, "", now, False
     # The row matched as read, so its number was the one read.
     run.stepped_by, run.claim = owner, run.claim + 1
-    return Claim(run=run, resumed=resumed, started=started)
+    mcp_version = (run.mcp_servers, run.mcp_servers_at)
+    return Claim(run=run, resumed=resumed, started=started, mcp_version=mcp_version)
 
 
 class Fenced(Exception):
@@ -126,10 +131,15 @@ def run_fence(*, run_id: str, owner: str, claim: int) -> bool:
     Returns False when Stop was pressed: a step then starts nothing new (no
     model turn saved, no card, no tool), whichever process Stop was pressed
     in and wherever its message went.
+
+    ``FOR NO KEY UPDATE`` (PostgreSQL): it conflicts with a takeover's update,
+    not with another write's insert of a row that refers to the run (a result
+    message fenced by its audit row's update, ``Agent._fenced``), which
+    holding the row ``FOR UPDATE`` would deadlock with.
     """
     stop_requested = (
         run_held(run_id=run_id, owner=owner, claim=claim)
-        .select_for_update()
+        .select_for_update(no_key=True)
         .values_list("stop_requested", flat=True)
         .first()
     )

@@ -132,6 +132,80 @@ def test_a_tool_running_when_its_step_was_taken_over_gets_one_result(conversatio
     assert results.count() == 1
 
 
+def test_a_result_committing_as_its_run_is_taken_over_is_kept(conversation, alice):
+    """The old owner's result is fenced by its audit row's own update, not the run's
+    lock: a takeover arriving between that update and its commit waits on the
+    row (PostgreSQL; SQLite: one writer at a time) and then finds the result,
+    instead of reporting the call interrupted beside it."""
+    conversation.confirm_tool_calls = False
+    conversation.save()
+    run = owned_run(conversation, alice)
+    ran: list = []
+    recorded, release = threading.Event(), threading.Event()
+    seen: dict = {}
+
+    def pause_after_the_record(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.startswith('UPDATE "approvals_toolapproval" SET "run_outcome"'):
+            recorded.set()
+            assert release.wait(BOUND)
+        return result
+
+    def answer_once_taken_over(messages):
+        deadline = time.monotonic() + BOUND
+        while Run.objects.get(pk=run.pk).claim == run.claim and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return "Done too.", []
+
+    def old_owner() -> None:
+        try:
+            model = ScriptedModel([("", [call("count", {"n": 1}, "c1")]), answer_once_taken_over])
+            step = agent(conversation, run, model, toolbox=counting_tool(ran))
+            with connection.execute_wrapper(pause_after_the_record):
+                # Its answer is fenced out: the run is the new owner's.
+                seen["old"] = [e for e in step.events() if isinstance(e, ToolFinished)]
+        finally:
+            connections.close_all()
+
+    def new_owner() -> None:
+        try:
+            taken = take_over(run)
+            step = agent(
+                conversation, taken, ScriptedModel([("Done.", [])]), toolbox=counting_tool(ran)
+            )
+            seen["new"] = [e for e in step.events() if isinstance(e, ToolFinished)]
+        except Exception as exc:
+            seen["new"] = exc
+        finally:
+            connections.close_all()
+
+    old = threading.Thread(target=old_owner)
+    old.start()
+    assert recorded.wait(BOUND)
+    new = threading.Thread(target=new_owner)
+    new.start()
+    if connection.vendor == "postgresql":
+        _until_waiting_on_a_lock('UPDATE "approvals_toolapproval"')
+    else:
+        new.join(0.3)  # (its claim waits for the one writer)
+    assert new.is_alive()
+    release.set()
+    old.join(BOUND)
+    new.join(BOUND)
+    assert not old.is_alive() and not new.is_alive()
+    assert not isinstance(seen["new"], Exception), seen["new"]
+    assert ran == [{"n": 1}]
+    results = Message.objects.filter(run=run, role="tool", tool_call_id="c1")
+    assert [m.content for m in results] == ["counted"]
+    assert ToolApproval.objects.get(run_id=str(run.pk)).run_outcome == "ok"
+    assert [f.result for f in seen["old"]] == ["counted"]
+    assert list(
+        Message.objects.filter(run=run, role="assistant").values_list("content", flat=True)
+    ) == ["", "Done."]
+    if connection.vendor == "postgresql":  # it found the call begun, then its result
+        assert [f.result for f in seen["new"]] == ["counted"]
+
+
 def test_a_card_asked_by_a_step_taken_over_is_not_asked_twice(conversation, alice):
     run = owned_run(conversation, alice)
     first = agent(conversation, run, ScriptedModel([("", [call("count", {"n": 1}, "c1")])]),
@@ -247,15 +321,16 @@ def test_a_takeover_waits_for_a_fenced_write_to_commit(conversation, alice):
         run_fence(run_id=str(run.pk), owner="process-a", claim=run.claim)
 
 
-def _until_waiting_on_a_lock() -> None:
+def _until_waiting_on_a_lock(statement: str = 'UPDATE "chat_run"') -> None:
     deadline = time.monotonic() + BOUND
     with connection.cursor() as cursor:
         while time.monotonic() < deadline:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity "
-                "WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE \"chat_run\"%%'"
+                "WHERE wait_event_type = 'Lock' AND starts_with(query, %s)",
+                [statement],
             )
             if cursor.fetchone()[0]:
                 return
             time.sleep(0.02)
-    raise AssertionError("the claim never waited on the fenced write's lock")
+    raise AssertionError(f"nothing waited on a lock in {statement}")

@@ -464,3 +464,50 @@ def test_a_result_and_its_structured_copy_are_shown_once(tmp_path, text, structu
         content=[TextContent(type="text", text=text)], structuredContent=structured
     )
     assert result_of(result, workspace=tmp_path, tool="t").text == shown
+
+
+def test_a_step_reads_the_servers_again_only_when_they_changed(django_assert_num_queries):
+    """The claim's read carries the servers' version; this process keeps the rows
+    it read at a version, and any change of a server's row moves it."""
+    from chat.mcp import _save_report, enabled_servers, servers_version
+    from chat.models import Conversation
+    from chat.tools.mcp import Report
+    from tests.factories import make_conversation, make_user
+
+    chat = make_conversation(make_user("mcp-version"))
+
+    def version() -> tuple:
+        rows = Conversation.objects.annotate(**servers_version()).filter(pk=chat.pk)
+        return tuple(rows.values_list("mcp_servers", "mcp_servers_at").get())
+
+    McpServer.objects.create(name="one", url="http://127.0.0.1:9/mcp")
+    seen = version()
+    assert [s.name for s in enabled_servers(seen)] == ["one"]
+    with django_assert_num_queries(0):
+        assert [s.name for s in enabled_servers(seen)] == ["one"]
+    assert version() == seen
+
+    changes = [
+        lambda: McpServer.objects.create(name="two", url="http://127.0.0.1:9/mcp"),
+        lambda: _save_report(Report(server="two", connected=False, error="refused")),
+        lambda: _save_report(Report(server="one", connected=True)),
+        lambda: McpServer.objects.filter(name="two").delete(),
+        lambda: McpServer.objects.get(name="one").delete(),
+    ]
+    expected = [["one", "two"], ["one", "two"], ["one", "two"], ["one"], []]
+    for change, names in zip(changes, expected, strict=True):
+        time.sleep(0.002)  # (a later updated_at)
+        change()
+        now = version()
+        assert now != seen
+        with django_assert_num_queries(1):
+            rows = enabled_servers(now)
+        assert [s.name for s in rows] == names
+        seen = now
+        if names == ["one"]:  # the report's row as read again
+            assert rows[0].last_connected_at is not None
+    three = McpServer.objects.create(name="three", url="http://127.0.0.1:9/mcp", enabled=False)
+    assert version() == seen  # no enabled server changed
+    three.enabled = True
+    three.save()  # (as the admin's form saves it)
+    assert version() != seen and [s.name for s in enabled_servers(version())] == ["three"]

@@ -22,6 +22,7 @@ from django.test.utils import CaptureQueriesContext
 
 from chat.consumers import ChatConsumer
 from tests.chat.test_engine import finished, until, waiting
+from tests.factories import make_conversation
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.anydb]
 
@@ -35,7 +36,7 @@ TAB_RECONNECT = 10
 DECISION_POST = 5
 # The decided run's step to its end (claim, each fenced write, the model's
 # reply, the run's end), on the runtime's threads; BEGIN not counted.
-DECISION_STEP = 12
+DECISION_STEP = 10
 
 
 class Statements:
@@ -97,9 +98,18 @@ async def test_a_tab_opening_on_a_waiting_chat(rt, conversation, alice, drawn, c
 
 
 async def test_a_decision_and_its_run_step(statements, rt, conversation, alice, settings):
-    approval = await waiting(rt, conversation)
     client = Client()
     await sync_to_async(client.force_login)(alice)
+    # A process deciding its first call reads what it then keeps (the MCP
+    # servers, until they change): count the next one's, in another chat (a
+    # later python call of one chat also asks whether its interpreter was reset).
+    other = await sync_to_async(make_conversation)(alice)
+    earlier = await waiting(rt, other)
+    await sync_to_async(client.post)(
+        f"/approvals/{earlier.approval_id}/decide/", {"decision": "allow"}
+    )
+    await until(lambda: finished(other))
+    approval = await waiting(rt, conversation)
     # No sweep while counting: it would add its own statements at random.
     settings.STUDIO_APPROVAL_POLL_SECONDS = 3600
     await asyncio.sleep(0.5)
