@@ -179,14 +179,10 @@ def test_a_result_committing_as_its_run_is_taken_over_is_kept(conversation, alic
         finally:
             connections.close_all()
 
-    old = threading.Thread(target=old_owner)
-    old.start()
-    assert recorded.wait(BOUND)
-    new = threading.Thread(target=new_owner)
-    new.start()
-    if connection.vendor == "postgresql":
-        _until_waiting_on_a_lock('UPDATE "approvals_toolapproval"')
-    else:
+    old, new = _second_waits_on_first(
+        old_owner, recorded, new_owner, statement='UPDATE "approvals_toolapproval"'
+    )
+    if connection.vendor != "postgresql":
         new.join(0.3)  # (its claim waits for the one writer)
     assert new.is_alive()
     release.set()
@@ -302,13 +298,10 @@ def test_a_takeover_waits_for_a_fenced_write_to_commit(conversation, alice):
             done.set()
             connections.close_all()
 
-    writer = threading.Thread(target=old_owner_writes)
-    writer.start()
-    assert locked.wait(BOUND)
-    claimer = threading.Thread(target=new_owner_claims)
-    claimer.start()
+    writer, claimer = _second_waits_on_first(
+        old_owner_writes, locked, new_owner_claims, statement='UPDATE "chat_run"'
+    )
     if connection.vendor == "postgresql":
-        _until_waiting_on_a_lock()
         assert not done.is_set()
     release.set()
     writer.join(BOUND)
@@ -321,7 +314,20 @@ def test_a_takeover_waits_for_a_fenced_write_to_commit(conversation, alice):
         run_fence(run_id=str(run.pk), owner="process-a", claim=run.claim)
 
 
-def _until_waiting_on_a_lock(statement: str = 'UPDATE "chat_run"') -> None:
+def _second_waits_on_first(first, holding: threading.Event, second, *, statement: str):
+    """Start ``first``; once it holds its lock (``holding``), start ``second`` and,
+    on PostgreSQL, see it wait on a lock in ``statement``. Both threads, started."""
+    one = threading.Thread(target=first)
+    one.start()
+    assert holding.wait(BOUND)
+    two = threading.Thread(target=second)
+    two.start()
+    if connection.vendor == "postgresql":
+        _until_waiting_on_a_lock(statement)
+    return one, two
+
+
+def _until_waiting_on_a_lock(statement: str) -> None:
     deadline = time.monotonic() + BOUND
     with connection.cursor() as cursor:
         while time.monotonic() < deadline:
