@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import time
 
 import pytest
 
@@ -224,3 +226,41 @@ def test_one_client_per_server_and_key_is_kept_per_process():
     assert model(model="other").client is model().client  # the model is per request
     assert model(api_key="new").client is not model().client
     assert model(base_url="http://127.0.0.1:10/v1").client is not model().client
+
+
+def test_a_reply_is_passed_on_as_it_streams(server):
+    """Each chunk goes on as it comes, not once the stream has ended."""
+    server.replies.append(Reply(chunks=content_chunks("a", "b", "c", "d", "e"), pace=0.4))
+    seen = []
+    for chunk in model_for(server.base_url).stream(MESSAGES, TOOLS, cancel=CancelToken()):
+        seen.append((chunk, time.monotonic()))
+    deltas = [at for chunk, at in seen if isinstance(chunk, TextDelta)]
+    assert seen[-1][1] - deltas[0] >= 1.0  # the first came with the stream still going
+
+
+def test_the_event_streams_own_form_is_read(server):
+    """Comments, CRLF lines, a data field split over lines, no space after the colon."""
+    one = json.dumps({"choices": [{"index": 0, "delta": {"content": "hel"}}]})
+    split = (
+        '{"choices": [{"index": 0,\ndata: "delta": {"content": "lo"}, "finish_reason": "stop"}]}'
+    )
+    raw = f": keep-alive\r\n\r\ndata:{one}\r\n\r\ndata: {split}\n\ndata: [DONE]\n\n"
+    server.replies.append(Reply(raw=raw.encode()))
+    deltas, end = run(model_for(server.base_url))
+    assert end.content == "hello" and "".join(deltas) == "hello"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
+        b'data: {"error": {"message": "overloaded"}}\n\n',
+        b'event: error\ndata: {"message": "overloaded"}\n\n',
+        b"data: [1, 2]\n\n",
+    ],
+)
+def test_an_error_inside_the_stream_is_a_clear_error(server, raw, caplog):
+    server.replies.append(Reply(raw=raw))
+    with pytest.raises(LLMError, match="could not read"):
+        run(model_for(server.base_url))
+    assert "overloaded" in caplog.text or "not a chunk" in caplog.text
