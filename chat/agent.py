@@ -268,14 +268,18 @@ class Agent:
 
     def _loop(self) -> Iterator[events.Event]:
         schemas = self.toolbox.schemas()
-        # Read after the decided call's result went out: the tab need not wait for it.
-        self.transcript = transcript_build(self.conversation, tools=self.toolbox.describe())
+        built = False
         while True:
             if self.cancel.is_set():
                 self._guard()
                 yield events.Done(cancelled=True)
                 return True
             yield events.Status("Thinking…")
+            if not built:
+                # Read once "Thinking…" went out, and a decided call's result
+                # with it: the tab need not wait for it.
+                self.transcript = transcript_build(self.conversation, tools=self.toolbox.describe())
+                built = True
             turn = yield from self._model_turn(schemas)
             if turn is None:
                 return True

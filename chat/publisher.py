@@ -20,9 +20,10 @@ class Publisher:
 
     Fragments are gathered and sent as one channel message at the points
     where the run is about to wait (a status line before a tool or the model
-    works, a pending card, the end) or a decided call's result is in, so a
-    quick tool costs a few messages, not one per fragment. Content deltas go
-    out at most every FLUSH_SECONDS.
+    works, a pending card, the end), so a quick tool costs a few messages,
+    not one per fragment: a decided call's result leaves with the
+    "Thinking…" that follows it. Content deltas go out at most every
+    FLUSH_SECONDS.
     """
 
     def __init__(self, conversation: Conversation, run: Run) -> None:
@@ -110,13 +111,13 @@ class Publisher:
                     self.flush()
             case events.TurnAsked(message_id=message_id, approval_ids=approval_ids):
                 self.send(render.batch(message_id, approval_ids))
-            case events.ToolFinished(approval_id=approval_id):
+            case events.ToolFinished():
+                # It leaves with what comes next: a status line (before the model
+                # is asked again, or the next tool runs), a card that waits, or
+                # the end; each comes before any slow work. Someone may watch
+                # its card: it is delivered before the run goes on.
                 self.send(render.tool_finished(event))
                 self.urgent = True
-                if approval_id:
-                    # Someone decided this call and watches its card: the result
-                    # leaves now, not after the next request to the model is built.
-                    self.flush()
             case events.Failed(message_id=message_id, text=text, created_at=created_at):
                 view = MessageView(message_id, Message.Role.ERROR, text, created_at)
                 self.send(render.appended(render.message(view)))

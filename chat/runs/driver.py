@@ -188,6 +188,7 @@ class Stepper:
             self.status, self.error = Run.Status.ERROR, f"{type(exc).__name__}: {exc}"
             self._report_crash()
         if self.local.cancel.abandoned and not self._ended_with_answer:
+            publisher.flush()  # (what it saved before it gave the run up)
             return None  # the process is exiting; another takes the run on
         self._end()
         return None

@@ -258,6 +258,30 @@ async def test_tool_call_card_then_decision_then_result(conversation, alice):
     await comm.disconnect()
 
 
+# A decision reaches its open tab in this many frames (issue 54; lower it as
+# frames go): the card decided, "Running python…", the result with
+# "Thinking…", the answer with the run's end, the member's count.
+DECISION_FRAMES = 5
+
+
+async def test_a_decision_reaches_its_tab_in_few_frames(conversation, alice):
+    comm, _, _ = await open_socket(conversation.pk, alice)
+    await comm.receive_from(timeout=BOUND)
+    await send(comm, message="run python: print(6 * 7)")
+    frames = await receive_until(comm, 'data-status="pending"')
+    approval_id = APPROVAL_ID.findall(frames)[-1]
+    # The card's count and markers, sent a moment after it.
+    await receive_until(comm, 'id="approvals-count"')
+    await sync_to_async(approval_decide)(approval_id=approval_id, user=alice, decision="allow")
+    got = [await receive_until(comm, 'data-status="allowed"')]
+    while not all(end in "".join(got) for end in ('data-running="false"', 'id="approvals-count"')):
+        got.append(await comm.receive_from(timeout=BOUND))
+    assert await comm.receive_nothing(timeout=0.5)
+    assert re.search(r"<pre class=\"output\">42\s*</pre>", "".join(got))
+    assert len(got) <= DECISION_FRAMES, "\n".join(frame[:100] for frame in got)
+    await comm.disconnect()
+
+
 async def test_waiting_runs_hold_no_worker_and_a_pool_of_one_serves_a_new_chat(alice):
     """Runs waiting for a decision cost nothing in the process: 100 of them, and
     one worker, and a new conversation still gets its answer; then all 100 finish."""
