@@ -97,9 +97,10 @@ class OpenAICompatModel:
                     if not delta:
                         continue
                     for tc in delta.get("tool_calls") or ():
-                        slot = calls.setdefault(
-                            tc.get("index") or 0, {"id": "", "name": "", "args": ""}
-                        )
+                        index = tc.get("index") or 0
+                        if not isinstance(index, int):
+                            raise StreamError(f"a tool call's index is {_short(repr(index))}")
+                        slot = calls.setdefault(index, {"id": "", "name": "", "args": ""})
                         if tc.get("id"):
                             slot["id"] = tc["id"]
                         function = tc.get("function") or {}

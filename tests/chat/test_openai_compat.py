@@ -257,10 +257,13 @@ def test_the_event_streams_own_form_is_read(server):
         b'data: {"error": {"message": "overloaded"}}\n\n',
         b'event: error\ndata: {"message": "overloaded"}\n\n',
         b"data: [1, 2]\n\n",
+        b'data: {"choices": [{"index": 0, "delta": {"tool_calls": ['
+        b'{"index": "x", "id": "a", "function": {"name": "f"}}, {"index": 0}]}}]}\n\n',
+        b'data: {"choices": ["not a choice"]}\n\n',
     ],
 )
 def test_an_error_inside_the_stream_is_a_clear_error(server, raw, caplog):
     server.replies.append(Reply(raw=raw))
     with pytest.raises(LLMError, match="could not read"):
         run(model_for(server.base_url))
-    assert "overloaded" in caplog.text or "not a chunk" in caplog.text
+    assert any(words in caplog.text for words in ("overloaded", "not a chunk", "index", "'str'"))
