@@ -242,6 +242,12 @@ async def test_a_typing_model_streams_in_batches(conversation, alice, settings):
     assert "word39" in frames and 'hx-swap-oob="delete"' in frames
 
 
+# A decision reaches its open tab in this many frames (issue 54; lower it as
+# frames go): the card decided, "Running python…", the result with
+# "Thinking…", the answer with the run's end, the member's count.
+DECISION_FRAMES = 5
+
+
 async def test_tool_call_card_then_decision_then_result(conversation, alice):
     comm, _, _ = await open_socket(conversation.pk, alice)
     await comm.receive_from(timeout=BOUND)
@@ -251,27 +257,7 @@ async def test_tool_call_card_then_decision_then_result(conversation, alice):
     for decision in ("allow", "always", "deny"):
         assert f'value="{decision}"' in frames
     assert "print(6 * 7)" in frames
-    await sync_to_async(approval_decide)(approval_id=approval_id, user=alice, decision="allow")
-    frames = await receive_until(comm, 'data-running="false"')
-    assert 'data-status="allowed"' in frames
-    assert re.search(r"<pre class=\"output\">42\s*</pre>", frames)
-    await comm.disconnect()
-
-
-# A decision reaches its open tab in this many frames (issue 54; lower it as
-# frames go): the card decided, "Running python…", the result with
-# "Thinking…", the answer with the run's end, the member's count.
-DECISION_FRAMES = 5
-
-
-async def test_a_decision_reaches_its_tab_in_few_frames(conversation, alice):
-    comm, _, _ = await open_socket(conversation.pk, alice)
-    await comm.receive_from(timeout=BOUND)
-    await send(comm, message="run python: print(6 * 7)")
-    frames = await receive_until(comm, 'data-status="pending"')
-    approval_id = APPROVAL_ID.findall(frames)[-1]
-    # The card's count and markers, sent a moment after it.
-    await receive_until(comm, 'id="approvals-count"')
+    await receive_until(comm, 'id="approvals-count"')  # (the card's count, a moment after)
     await sync_to_async(approval_decide)(approval_id=approval_id, user=alice, decision="allow")
     got = [await receive_until(comm, 'data-status="allowed"')]
     while not all(end in "".join(got) for end in ('data-running="false"', 'id="approvals-count"')):
