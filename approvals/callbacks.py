@@ -14,7 +14,6 @@ the agent, which holds the token, can check it (studio_approvals.verify_callback
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import json
@@ -26,24 +25,15 @@ import httpx
 from django.conf import settings
 from django.utils import timezone
 
+from approvals.delivery import ClaimedPosts, claim_each
 from approvals.models import ToolApproval
 from studio.net import BlockedAddress, GuardedBackend, GuardedTransport, allowed_endpoints
-from studio.runtime import DaemonPool, release_connection
 
 logger = logging.getLogger("studio.api")
 
 CLAIM_BATCH = 100
 ATTEMPTS = 4
 FIRST_DELAY = 1.0  # seconds, tripled after each failed attempt
-
-_pool: DaemonPool | None = None
-
-
-def _callback_pool() -> DaemonPool:
-    global _pool
-    if _pool is None:
-        _pool = DaemonPool(2, "studio-callback")
-    return _pool
 
 
 def signature(key: str, timestamp: int, body: bytes) -> str:
@@ -58,12 +48,9 @@ def callbacks_claim_due() -> list[ToolApproval]:
         .exclude(callback_url="")
         .values_list("pk", flat=True)[:CLAIM_BATCH]
     )
-    now = timezone.now()
-    claimed = [
-        pk
-        for pk in list(due)
-        if ToolApproval.objects.filter(pk=pk, callback_at__isnull=True).update(callback_at=now)
-    ]
+    claimed = claim_each(
+        ToolApproval.objects.all(), list(due), field="callback_at", now=timezone.now()
+    )
     if not claimed:
         return []
     return list(
@@ -123,42 +110,10 @@ def _send(approval: ToolApproval, body: bytes, key: str, sleep) -> str:
     return f"failed after {ATTEMPTS} attempts: {problem}"
 
 
-def _post_and_release(approval: ToolApproval) -> None:
-    try:
-        callback_post(approval)
-    except Exception:
-        logger.exception("api callback for %s failed", approval.approval_id)
-    finally:
-        release_connection()
-
-
-def callbacks_tick() -> int:
-    """Claim what is due and hand each POST to the pool; returns how many."""
-    claimed = callbacks_claim_due()
-    for approval in claimed:
-        _callback_pool().submit(_post_and_release, approval)
-    return len(claimed)
-
-
-def callbacks_nudge() -> None:
-    """A decision on an API call with a callback committed: look now, not at the next poll."""
-    _callback_pool().submit(_tick_and_release)
-
-
-def _tick_and_release() -> None:
-    try:
-        callbacks_tick()
-    except Exception:
-        logger.warning("api callbacks: looking for due rows failed", exc_info=True)
-    finally:
-        release_connection()
-
-
-async def callbacks_loop(rt) -> None:
-    """A runtime service: look for due callbacks every poll (a nudge may have been lost)."""
-    while True:
-        await asyncio.sleep(settings.STUDIO_APPROVAL_POLL_SECONDS)
-        try:
-            await rt.off_loop(callbacks_tick)
-        except Exception:
-            logger.warning("api callbacks: looking for due rows failed", exc_info=True)
+CALLBACKS = ClaimedPosts(
+    "api callback", claim=callbacks_claim_due, post=callback_post, logger=logger
+)
+callbacks_tick = CALLBACKS.tick
+# A decision on an API call with a callback committed: look now.
+callbacks_nudge = CALLBACKS.nudge
+callbacks_loop = CALLBACKS.loop

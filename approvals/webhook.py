@@ -10,7 +10,6 @@ call decided before the delay is never announced.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
@@ -22,23 +21,14 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
+from approvals.delivery import ClaimedPosts, claim_each
 from approvals.models import ToolApproval
 from studio.metrics import WEBHOOK_FAILURES
-from studio.runtime import DaemonPool, release_connection
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_CHARS = 300
 CLAIM_BATCH = 100
-
-_pool: DaemonPool | None = None
-
-
-def _webhook_pool() -> DaemonPool:
-    global _pool
-    if _pool is None:
-        _pool = DaemonPool(2, "studio-webhook")
-    return _pool
 
 
 def webhook_claim_due() -> list[ToolApproval]:
@@ -52,13 +42,7 @@ def webhook_claim_due() -> list[ToolApproval]:
         .filter(requested_at__lte=cutoff, webhook_at__isnull=True)
         .values_list("pk", flat=True)[:CLAIM_BATCH]
     )
-    claimed = [
-        pk
-        for pk in list(due)
-        if ToolApproval.objects.pending()
-        .filter(pk=pk, webhook_at__isnull=True)
-        .update(webhook_at=now)
-    ]
+    claimed = claim_each(ToolApproval.objects.pending(), list(due), field="webhook_at", now=now)
     if not claimed:
         return []
     return list(
@@ -153,31 +137,12 @@ def webhook_post(approval: ToolApproval, *, sleep: Callable[[float], None] = tim
     return result
 
 
-def _post_and_release(approval: ToolApproval) -> None:
-    try:
-        webhook_post(approval)
-    except Exception:
-        logger.exception("approval webhook for %s failed", approval.approval_id)
-    finally:
-        release_connection()
-
-
-def webhook_tick() -> int:
-    """Claim what is due and hand each POST to the webhook pool; returns how many."""
-    claimed = webhook_claim_due()
-    pool = _webhook_pool()
-    for approval in claimed:
-        pool.submit(_post_and_release, approval)
-    return len(claimed)
-
-
-async def webhook_loop(rt) -> None:
-    """A runtime service: look for due rows every poll (when a URL is set)."""
-    while True:
-        await asyncio.sleep(settings.STUDIO_APPROVAL_POLL_SECONDS)
-        if not settings.STUDIO_APPROVAL_WEBHOOK_URL:
-            continue
-        try:
-            await rt.off_loop(webhook_tick)
-        except Exception:
-            logger.warning("approval webhook: looking for due rows failed", exc_info=True)
+WEBHOOK = ClaimedPosts(
+    "approval webhook",
+    claim=webhook_claim_due,
+    post=webhook_post,
+    logger=logger,
+    enabled=lambda: bool(settings.STUDIO_APPROVAL_WEBHOOK_URL),
+)
+webhook_tick = WEBHOOK.tick
+webhook_loop = WEBHOOK.loop  # (looks only when a URL is set)
