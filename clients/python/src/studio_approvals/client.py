@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import itertools
 import json
 import os
 import time
@@ -151,6 +152,58 @@ def _answer(response: httpx.Response) -> dict | None:
     raise StudioError(data.get("error", str(data)), status=response.status_code)
 
 
+def _next_try(got: httpx.Response | Exception, tries: int, deadline: float) -> dict | float:
+    """After one try (its answer, or the connection's failure): the row, or how long
+    to pause before the next; StudioError once ``deadline`` passed. Both clients
+    loop on it, one sleeping, the other awaiting."""
+    if isinstance(got, httpx.Response):
+        data = _answer(got)
+        if data is not None:
+            return data
+        got = "Studio answered with a server error"
+    if time.monotonic() >= deadline:
+        raise StudioError(f"Studio could not be reached in time: {got}")
+    return BACKOFF[min(tries, len(BACKOFF) - 1)]
+
+
+def _poll(approval_id: str, deadline: float) -> dict:
+    """The long poll's request, waiting no longer than what is left."""
+    left = max(0.0, deadline - time.monotonic())
+    return {
+        "method": "GET",
+        "url": f"/api/v1/approvals/{approval_id}",
+        "params": {"wait": f"{min(left, POLL_SECONDS):.1f}"},
+    }
+
+
+def _polled_enough(data: dict, deadline: float) -> bool:
+    return data["status"] != "pending" or time.monotonic() >= deadline
+
+
+def _report(approval_id: str, exit_status: int, output: str, seconds: float) -> dict:
+    return {
+        "method": "POST",
+        "url": f"/api/v1/approvals/{approval_id}/result",
+        "json": {"exit_status": exit_status, "output": output[:1_000_000], "seconds": seconds},
+    }
+
+
+def _reported(response: httpx.Response) -> dict:
+    if response.status_code != 200:
+        raise StudioError(response.json().get("error", ""), status=response.status_code)
+    return response.json()
+
+
+def _http_options(url: str | None, token: str | None, connect_timeout: float) -> dict:
+    """Either client's settings: the server, the token, and a read that outlasts a long poll."""
+    url, token = _settings(url, token)
+    return {
+        "base_url": url,
+        "headers": {"Authorization": f"Bearer {token}"},
+        "timeout": httpx.Timeout(connect_timeout, read=POLL_SECONDS + 15),
+    }
+
+
 def _final(data: dict) -> Decision:
     decision = Decision.of(data)
     if decision.status == "denied":
@@ -164,11 +217,8 @@ class Client:
     def __init__(
         self, url: str | None = None, token: str | None = None, *, connect_timeout: float = 10
     ):
-        self.url, token = _settings(url, token)
-        timeout = httpx.Timeout(connect_timeout, read=POLL_SECONDS + 15)
-        self.http = httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout
-        )
+        options = _http_options(url, token, connect_timeout)
+        self.url, self.http = options["base_url"], httpx.Client(**options)
 
     def close(self) -> None:
         self.http.close()
@@ -180,20 +230,14 @@ class Client:
         self.close()
 
     def _retrying(self, deadline: float, send) -> dict:
-        tries = 0
-        while True:
+        for tries in itertools.count():
             try:
-                data = _answer(send())
+                outcome = _next_try(send(), tries, deadline)
             except httpx.TransportError as exc:
-                data, problem = None, exc
-            else:
-                problem = "Studio answered with a server error"
-            if data is not None:
-                return data
-            if time.monotonic() >= deadline:
-                raise StudioError(f"Studio could not be reached in time: {problem}")
-            time.sleep(BACKOFF[min(tries, len(BACKOFF) - 1)])
-            tries += 1
+                outcome = _next_try(exc, tries, deadline)
+            if isinstance(outcome, dict):
+                return outcome
+            time.sleep(outcome)
 
     def ask(self, tool: str, arguments: dict | None = None, *, timeout: float = 600,
             title: str = "", context_url: str = "", idempotency_key: str | None = None,
@@ -209,15 +253,10 @@ class Client:
         """Long-poll until the call is decided or ``timeout`` passes; the row then."""
         deadline = time.monotonic() + timeout
         while True:
-            left = max(0.0, deadline - time.monotonic())
             data = self._retrying(
-                deadline,
-                lambda left=left: self.http.get(
-                    f"/api/v1/approvals/{approval_id}",
-                    params={"wait": f"{min(left, POLL_SECONDS):.1f}"},
-                ),
+                deadline, lambda: self.http.request(**_poll(approval_id, deadline))
             )
-            if data["status"] != "pending" or time.monotonic() >= deadline:
+            if _polled_enough(data, deadline):
                 return data
 
     def approve(self, tool: str, arguments: dict | None = None, *, timeout: float = 600,
@@ -235,13 +274,7 @@ class Client:
     def report(self, approval_id: str, *, exit_status: int, output: str = "",
                seconds: float = 0.0) -> dict:  # fmt: skip
         """Keep what the allowed call did on its audit row (once)."""
-        response = self.http.post(
-            f"/api/v1/approvals/{approval_id}/result",
-            json={"exit_status": exit_status, "output": output[:1_000_000], "seconds": seconds},
-        )
-        if response.status_code != 200:
-            raise StudioError(response.json().get("error", ""), status=response.status_code)
-        return response.json()
+        return _reported(self.http.request(**_report(approval_id, exit_status, output, seconds)))
 
 
 class AsyncClient:
@@ -250,11 +283,8 @@ class AsyncClient:
     def __init__(
         self, url: str | None = None, token: str | None = None, *, connect_timeout: float = 10
     ):
-        self.url, token = _settings(url, token)
-        timeout = httpx.Timeout(connect_timeout, read=POLL_SECONDS + 15)
-        self.http = httpx.AsyncClient(
-            base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout
-        )
+        options = _http_options(url, token, connect_timeout)
+        self.url, self.http = options["base_url"], httpx.AsyncClient(**options)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -266,20 +296,14 @@ class AsyncClient:
         await self.close()
 
     async def _retrying(self, deadline: float, send) -> dict:
-        tries = 0
-        while True:
+        for tries in itertools.count():
             try:
-                data = _answer(await send())
+                outcome = _next_try(await send(), tries, deadline)
             except httpx.TransportError as exc:
-                data, problem = None, exc
-            else:
-                problem = "Studio answered with a server error"
-            if data is not None:
-                return data
-            if time.monotonic() >= deadline:
-                raise StudioError(f"Studio could not be reached in time: {problem}")
-            await asyncio.sleep(BACKOFF[min(tries, len(BACKOFF) - 1)])
-            tries += 1
+                outcome = _next_try(exc, tries, deadline)
+            if isinstance(outcome, dict):
+                return outcome
+            await asyncio.sleep(outcome)
 
     async def ask(self, tool: str, arguments: dict | None = None, *, timeout: float = 600,
                   title: str = "", context_url: str = "", idempotency_key: str | None = None,
@@ -295,15 +319,10 @@ class AsyncClient:
     async def wait(self, approval_id: str, *, timeout: float = 600) -> dict:
         deadline = time.monotonic() + timeout
         while True:
-            left = max(0.0, deadline - time.monotonic())
             data = await self._retrying(
-                deadline,
-                lambda left=left: self.http.get(
-                    f"/api/v1/approvals/{approval_id}",
-                    params={"wait": f"{min(left, POLL_SECONDS):.1f}"},
-                ),
+                deadline, lambda: self.http.request(**_poll(approval_id, deadline))
             )
-            if data["status"] != "pending" or time.monotonic() >= deadline:
+            if _polled_enough(data, deadline):
                 return data
 
     async def approve(self, tool: str, arguments: dict | None = None, *, timeout: float = 600,
@@ -318,13 +337,8 @@ class AsyncClient:
 
     async def report(self, approval_id: str, *, exit_status: int, output: str = "",
                      seconds: float = 0.0) -> dict:  # fmt: skip
-        response = await self.http.post(
-            f"/api/v1/approvals/{approval_id}/result",
-            json={"exit_status": exit_status, "output": output[:1_000_000], "seconds": seconds},
-        )
-        if response.status_code != 200:
-            raise StudioError(response.json().get("error", ""), status=response.status_code)
-        return response.json()
+        request = _report(approval_id, exit_status, output, seconds)
+        return _reported(await self.http.request(**request))
 
 
 def approve(tool: str, arguments: dict | None = None, *, timeout: float = 600, **ask) -> Decision:
