@@ -10,7 +10,7 @@ from django.utils import timezone
 from approvals.consumers import MemberSocket, off_loop
 from approvals.inbox import count_badge, inbox_count, touched_since
 from approvals.models import ToolApproval
-from chat import render
+from chat import display, render
 from chat.limits import MAX_FRAME, MAX_MESSAGE
 from chat.models import Conversation, Run
 from chat.runs.commands import run_edit, run_launch, run_regenerate, run_retry, run_stop
@@ -52,11 +52,12 @@ def _attached(conversation_id: int, names: object) -> tuple[str | None, str]:
     """The message's line for the files sent with it, and the files panel showing them."""
     conversation = Conversation.objects.get(pk=conversation_id)
     note = attached_note(conversation, names)
-    return note, render.files_panel(conversation, oob=True) if note else ""
+    return note, render.files_panel(display.files_context(conversation), oob=True) if note else ""
 
 
 def _settings(conversation_id: int) -> str:
-    return render.settings_panel(Conversation.objects.get(pk=conversation_id), oob=True)
+    conversation = Conversation.objects.get(pk=conversation_id)
+    return render.settings_panel(display.settings_context(conversation), oob=True)
 
 
 class ChatConsumer(MemberSocket):
@@ -99,20 +100,23 @@ class ChatConsumer(MemberSocket):
         if conversation is None:
             return []
         drawn_at, self.drawn_at = self.drawn_at, None
+        items = display.transcript_items(conversation)
+        controls = display.run_controls(conversation, conversation.running)
         if drawn_at is not None and not touched_since(self.user, drawn_at):
             # The page has the panel, the count and the sidebar as they are:
             # nothing the member's count or sidebar shows changed since.
-            return render.catch_up(conversation, conversation.running, with_settings=False)
-        *transcript, last = render.catch_up(conversation, conversation.running)
+            return render.catch_up(conversation, items, controls=controls)
+        panel = display.settings_context(conversation)
+        *transcript, last = render.catch_up(conversation, items, controls=controls, panel=panel)
+        markers = display.waiting(self.user)
         return [
             *transcript,
-            last + count_badge(inbox_count(self.user)) + render.waiting_markers(self.user),
+            last + count_badge(inbox_count(self.user)) + render.waiting_markers(markers),
         ]
 
     def refreshed(self, came: list[str], touched: list[str]) -> str:
-        return super().refreshed(came, touched) + render.waiting_markers(
-            self.user, approval_ids=touched
-        )
+        markers = display.waiting(self.user, approval_ids=touched)
+        return super().refreshed(came, touched) + render.waiting_markers(markers)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if await self._session_ended():

@@ -1,16 +1,27 @@
 """The chat as people see it: the read model the page, the socket and the runs render.
 
 Services write rows; this module only reads them (and the values runs
-announce) into small view objects for the templates in ``chat/``.
+announce) into small view objects and template contexts, which
+``chat.render`` draws without reading anything more.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from approvals.models import ToolApproval
-from chat.models import Conversation, Message
+from django.conf import settings
+
+from approvals.models import ToolApproval, ToolRule
+from approvals.services.rules import policy_rules
+from chat.limits import MAX_MESSAGE
+from chat.llm import default_model_label
+from chat.mcp import panel
+from chat.models import Conversation, LanguageModel, Message, Run
+from chat.services import conversation_list, conversation_retryable, regenerate_point
+from chat.tools import builtin_tools
+from chat.workspace import workspace_files
 from studio.wording import EDITED_TEXT
 
 
@@ -165,3 +176,113 @@ def _fold(stretch: list[tuple[datetime, Item]]) -> list[Fold]:
         else:
             earlier.append((at, item))
     return _fold(stretch[:first]) + [Fold(folded=inside)] + _fold(stretch[last + 1 :])
+
+
+# --- what the page, the panels and a tab's catch-up show -------------------------
+
+
+def run_controls(conversation: Conversation, running: bool) -> dict:
+    """What the run controls offer: Stop while a run goes; once nothing runs,
+    Retry after an error, or Regenerate once the member has asked something."""
+    if running:
+        return {"running": True, "retry": False, "regenerate": False}
+    retry = conversation_retryable(conversation.pk)
+    regenerate = not retry and regenerate_point(conversation.pk)[0]
+    return {"running": False, "retry": retry, "regenerate": regenerate}
+
+
+def files_context(conversation: Conversation) -> dict:
+    files, more = workspace_files(conversation)
+    return {
+        "conversation": conversation,
+        "files": files,
+        "files_more": more,
+        "upload_max_mb": settings.STUDIO_UPLOAD_MAX_MB,
+    }
+
+
+def settings_context(conversation: Conversation) -> dict:
+    rules = list(
+        ToolRule.objects.applying_to(conversation).select_related("created_by").order_by("scope")
+    )
+    mine = [r for r in rules if r.scope != ToolRule.Scope.EVERYONE]
+    team = [r for r in rules if r.scope == ToolRule.Scope.EVERYONE] + policy_rules()
+    return {
+        "conversation": conversation,
+        "tools": list(builtin_tools().values()),
+        "mcp_servers": panel(conversation),
+        "rules": mine,
+        "team_rules": team,
+        "python_sessions": settings.STUDIO_PYTHON_SESSIONS,
+        "python_idle": _duration(settings.STUDIO_PYTHON_IDLE_SECONDS),
+        "models": list(LanguageModel.objects.filter(enabled=True).only("pk", "name")),
+        "default_model": default_model_label(),
+    }
+
+
+def list_context(params, user, *, current: int | None = None) -> dict:
+    """The sidebar's (and the index's) list, as its search form asks for it:
+    ``q`` words, ``archived=1`` for the archived ones, ``current`` the chat on screen."""
+    query = params.get("q", "")[:200]
+    archived = params.get("archived") == "1"
+    if current is None and str(params.get("current", "")).isdigit():
+        current = int(params["current"])
+    return {
+        "conversations": list(conversation_list(owner=user, query=query, archived=archived)),
+        "query": query,
+        "archived": archived,
+        "current_id": current,
+    }
+
+
+def waiting(user, *, approval_ids: list[str] | None = None) -> dict[int, bool]:
+    """Whether each of the member's chats waits for a decision: those these
+    approvals belong to, or (None) every chat of the sidebar's list."""
+    if approval_ids is None:
+        return dict(conversation_list(owner=user).values_list("pk", "waiting"))
+    touched = set(
+        ToolApproval.objects.filter(
+            approval_id__in=approval_ids, conversation__owner=user
+        ).values_list("conversation_id", flat=True)
+    )
+    pending = set(
+        ToolApproval.objects.pending()
+        .filter(conversation_id__in=touched)
+        .values_list("conversation_id", flat=True)
+    )
+    return {pk: pk in pending for pk in sorted(touched)}
+
+
+def page_context(conversation: Conversation) -> dict:
+    """Everything ``chat/conversation.html`` shows."""
+    # Before anything is read: the socket asks what changed since (whole seconds, down).
+    drawn_at = int(time.time())
+    running = Run.objects.running().filter(conversation=conversation).exists()
+    return {
+        "drawn_at": drawn_at,
+        **files_context(conversation),
+        **list_context({}, conversation.owner, current=conversation.pk),
+        **settings_context(conversation),
+        "items": transcript_items(conversation),
+        **run_controls(conversation, running),
+        "message_max_length": MAX_MESSAGE,
+        "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH,
+    }
+
+
+def review_context(conversation: Conversation, *, viewer) -> dict:
+    """The conversation page, read-only, for a reviewer (cards as they see them)."""
+    return {
+        "conversation": conversation,
+        "items": transcript_items(conversation),
+        "read_only": True,
+        "viewer": viewer,
+        "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH,
+    }
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    if minutes >= 1:
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    return f"{seconds:g} seconds"

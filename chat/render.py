@@ -1,30 +1,24 @@
 """HTML fragments for the chat, shared by the page, the consumer and the runs.
 
 Every fragment comes from the same partials the page renders, so a card or a
-message looks the same pushed over the socket or fetched with the page.
+message looks the same pushed over the socket or fetched with the page. It
+draws what it is given and reads nothing (``chat.display`` reads).
 """
 
 from __future__ import annotations
 
 import functools
-import time
 
 from django.conf import settings
 from django.template.loader import render_to_string
 from django.urls import get_script_prefix
 from django.utils.html import escape
 
-from approvals.models import ToolApproval, ToolRule
-from approvals.services.rules import policy_rules
+from approvals.models import ToolApproval
 from chat import events
-from chat.display import Item, MessageView, ToolBlock, blocks_for, tool_dom_id, transcript_items
-from chat.limits import MAX_MESSAGE
-from chat.llm import default_model_label
-from chat.models import Conversation, LanguageModel, Message, Run
-from chat.services import conversation_list, conversation_retryable, regenerate_point
-from chat.tools import builtin_tools
+from chat.display import Item, MessageView, ToolBlock, blocks_for, tool_dom_id
+from chat.models import Conversation, Message
 from chat.tools.base import LIVE_LINES
-from chat.workspace import workspace_files
 
 
 def message(view: MessageView, tool_calls: list[dict] = ()) -> str:
@@ -150,7 +144,8 @@ def run_status(text: str) -> str:
 def run_controls(
     *, running: bool, conversation_id: int, retry: bool = False, regenerate: bool = False
 ) -> str:
-    """Stop while a run goes; Retry after one that ended in an error, else Regenerate."""
+    """Stop while a run goes; Retry after one that ended in an error, else Regenerate
+    (``chat.display.run_controls`` reads which)."""
     after = "" if running else "retry" if retry else "regenerate" if regenerate else ""
     return _run_controls(running, conversation_id, after, get_script_prefix())
 
@@ -169,125 +164,30 @@ def _run_controls(running: bool, conversation_id: int, after: str, prefix: str) 
     )
 
 
-def run_after(conversation: Conversation, running: bool) -> dict:
-    """What the run controls offer once nothing runs: Retry after an error, or
-    Regenerate once the member has asked something."""
-    if running:
-        return {"retry": False, "regenerate": False}
-    retry = conversation_retryable(conversation.pk)
-    return {"retry": retry, "regenerate": not retry and regenerate_point(conversation.pk)[0]}
-
-
 def title(conversation_title: str) -> str:
     return f'<h1 id="conversation-title" hx-swap-oob="outerHTML">{escape(conversation_title)}</h1>'
 
 
-def files_panel(conversation: Conversation, request=None, *, oob=False, saved=()) -> str:
-    """The workspace's list of files (``saved``: just uploaded), never its upload form."""
-    context = {**files_context(conversation), "oob": oob, "saved": saved}
-    return render_to_string("chat/_file_list.html", context, request=request)
-
-
-def files_context(conversation: Conversation) -> dict:
-    files, more = workspace_files(conversation)
-    return {
-        "conversation": conversation,
-        "files": files,
-        "files_more": more,
-        "upload_max_mb": settings.STUDIO_UPLOAD_MAX_MB,
-    }
+def files_panel(context: dict, request=None, *, oob=False, saved=()) -> str:
+    """The workspace's list of files (``context``: ``chat.display.files_context``;
+    ``saved``: just uploaded), never its upload form."""
+    return render_to_string(
+        "chat/_file_list.html", {**context, "oob": oob, "saved": saved}, request=request
+    )
 
 
 def settings_panel(
-    conversation: Conversation, request=None, *, oob: bool = False, restarted: bool = False
+    context: dict, request=None, *, oob: bool = False, restarted: bool = False
 ) -> str:
-    context = {**settings_context(conversation), "oob": oob, "restarted": restarted}
-    return render_to_string("chat/_settings.html", context, request=request)
-
-
-def settings_context(conversation: Conversation) -> dict:
-    from chat.mcp import panel
-
-    rules = list(
-        ToolRule.objects.applying_to(conversation).select_related("created_by").order_by("scope")
+    """The chat's settings (``context``: ``chat.display.settings_context``)."""
+    return render_to_string(
+        "chat/_settings.html", {**context, "oob": oob, "restarted": restarted}, request=request
     )
-    mine = [r for r in rules if r.scope != ToolRule.Scope.EVERYONE]
-    team = [r for r in rules if r.scope == ToolRule.Scope.EVERYONE] + policy_rules()
-    return {
-        "conversation": conversation,
-        "tools": list(builtin_tools().values()),
-        "mcp_servers": panel(conversation),
-        "rules": mine,
-        "team_rules": team,
-        "python_sessions": settings.STUDIO_PYTHON_SESSIONS,
-        "python_idle": _duration(settings.STUDIO_PYTHON_IDLE_SECONDS),
-        "models": LanguageModel.objects.filter(enabled=True).only("pk", "name"),
-        "default_model": default_model_label(),
-    }
 
 
-def list_context(params, user, *, current: int | None = None) -> dict:
-    """The sidebar's (and the index's) list, as its search form asks for it:
-    ``q`` words, ``archived=1`` for the archived ones, ``current`` the chat on screen."""
-    query = params.get("q", "")[:200]
-    archived = params.get("archived") == "1"
-    if current is None and str(params.get("current", "")).isdigit():
-        current = int(params["current"])
-    return {
-        "conversations": conversation_list(owner=user, query=query, archived=archived),
-        "query": query,
-        "archived": archived,
-        "current_id": current,
-    }
-
-
-def waiting_markers(user, *, approval_ids: list[str] | None = None) -> str:
-    """The sidebar's "waiting" markers, swapped in place: those of the member's
-    chats that these approvals belong to, or (None) of the sidebar's whole list."""
-    if approval_ids is None:
-        waiting = dict(conversation_list(owner=user).values_list("pk", "waiting"))
-    else:
-        touched = set(
-            ToolApproval.objects.filter(
-                approval_id__in=approval_ids, conversation__owner=user
-            ).values_list("conversation_id", flat=True)
-        )
-        pending = set(
-            ToolApproval.objects.pending()
-            .filter(conversation_id__in=touched)
-            .values_list("conversation_id", flat=True)
-        )
-        waiting = {pk: pk in pending for pk in sorted(touched)}
-    return render_to_string("chat/_waiting_markers.html", {"markers": waiting.items()})
-
-
-def page_context(conversation: Conversation) -> dict:
-    """Everything ``chat/conversation.html`` shows."""
-    # Before anything is read: the socket asks what changed since (whole seconds, down).
-    drawn_at = int(time.time())
-    running = Run.objects.running().filter(conversation=conversation).exists()
-    return {
-        "drawn_at": drawn_at,
-        **files_context(conversation),
-        **list_context({}, conversation.owner, current=conversation.pk),
-        **settings_context(conversation),
-        "items": transcript_items(conversation),
-        "running": running,
-        **run_after(conversation, running),
-        "message_max_length": MAX_MESSAGE,
-        "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH,
-    }
-
-
-def review_context(conversation: Conversation, *, viewer) -> dict:
-    """The conversation page, read-only, for a reviewer (cards as they see them)."""
-    return {
-        "conversation": conversation,
-        "items": transcript_items(conversation),
-        "read_only": True,
-        "viewer": viewer,
-        "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH,
-    }
+def waiting_markers(markers: dict[int, bool]) -> str:
+    """The sidebar's "waiting" markers (``chat.display.waiting``), swapped in place."""
+    return render_to_string("chat/_waiting_markers.html", {"markers": markers.items()})
 
 
 # daphne sends no WebSocket message over 1 MiB (``--websocket-max-message-size``):
@@ -296,26 +196,25 @@ def review_context(conversation: Conversation, *, viewer) -> dict:
 FRAME_BUDGET = 192 * 1024
 
 
-def catch_up(conversation: Conversation, running: bool, *, with_settings: bool = True) -> list[str]:
-    """Everything a (re)connecting tab needs to be current, transcript and run
-    state (``running``: whether a run is going; and the settings panel, unless
-    the page was just drawn with it), as the frames to send: one, unless the
-    transcript is too long for it."""
-    state = run_controls(
-        running=running, conversation_id=conversation.pk, **run_after(conversation, running)
-    )
-    if with_settings:
-        state += settings_panel(conversation, oob=True)
-    frames = transcript_frames(conversation)
+def catch_up(
+    conversation: Conversation, items: list, *, controls: dict, panel: dict | None = None
+) -> list[str]:
+    """Everything a (re)connecting tab needs to be current, as the frames to send:
+    the transcript's ``items``, the run ``controls`` (``chat.display.run_controls``)
+    and the settings ``panel``'s context, unless the page was just drawn with it.
+    One frame, unless the transcript is too long for it."""
+    state = run_controls(conversation_id=conversation.pk, **controls)
+    if panel is not None:
+        state += settings_panel(panel, oob=True)
+    frames = transcript_frames(conversation, items)
     if len(frames[-1]) + len(state) <= FRAME_BUDGET:
         return [*frames[:-1], frames[-1] + state]
     return [*frames, state]
 
 
-def transcript_frames(conversation: Conversation) -> list[str]:
+def transcript_frames(conversation: Conversation, items: list) -> list[str]:
     """The transcript redrawn, in one frame or, when it is too long for one, an
     empty transcript and then its items appended in order, as a reply's are."""
-    items = transcript_items(conversation)
     whole = transcript(conversation, items)
     if len(whole) <= FRAME_BUDGET:
         return [whole]
@@ -352,10 +251,3 @@ def notice(text: str, *, level: str = "error") -> str:
 
 def composer_state(state: str, seq: int) -> str:
     return f'<div id="composer-state" data-state="{state}" data-seq="{seq}" hidden></div>'
-
-
-def _duration(seconds: float) -> str:
-    minutes = round(seconds / 60)
-    if minutes >= 1:
-        return f"{minutes} minute{'s' if minutes != 1 else ''}"
-    return f"{seconds:g} seconds"

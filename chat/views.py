@@ -7,8 +7,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from chat import display, services, workspace
 from chat import render as fragments
-from chat import services, workspace
 from chat.export import conversation_json_text, conversation_markdown
 from chat.limits import MAX_MESSAGE
 from chat.models import Conversation
@@ -46,12 +46,18 @@ def _viewable(request: HtmxHttpRequest, conversation_id: int) -> tuple[Conversat
     return conversation, "shared"
 
 
+def _settings_panel(request: HtmxHttpRequest, conversation: Conversation, **parts) -> HttpResponse:
+    """The chat's settings panel alone, after a change made in it."""
+    panel = display.settings_context(conversation)
+    return HttpResponse(fragments.settings_panel(panel, request=request, **parts))
+
+
 @require_GET
 @login_required
 def index(request: HtmxHttpRequest) -> HttpResponse:
     """The member's conversations, searchable (the sidebar's list, full page),
     and what teammates share with the team."""
-    context = fragments.list_context(request.GET, request.user)
+    context = display.list_context(request.GET, request.user)
     context["shared"] = services.conversations_shared_by_others(user=request.user)
     return render(request, "chat/index.html", context)
 
@@ -60,7 +66,7 @@ def index(request: HtmxHttpRequest) -> HttpResponse:
 @login_required
 def conversation_list(request: HtmxHttpRequest) -> HttpResponse:
     """The sidebar's list alone, for its search box and archive switch."""
-    context = fragments.list_context(request.GET, request.user)
+    context = display.list_context(request.GET, request.user)
     return render(request, "chat/_conversation_list.html", context)
 
 
@@ -75,7 +81,7 @@ def _listed(request: HtmxHttpRequest, conversation: Conversation, *, refusal: st
     if request.htmx:
         if refusal:
             return HttpResponse(refusal, status=400, content_type="text/plain; charset=utf-8")
-        context = fragments.list_context(request.POST, request.user)
+        context = display.list_context(request.POST, request.user)
         if context["current_id"] == conversation.pk:
             context["renamed"] = conversation
         return render(request, "chat/_conversation_list.html", context)
@@ -120,7 +126,7 @@ def conversation_share(request: HtmxHttpRequest, conversation_id: int) -> HttpRe
         return HttpResponse("Say share=1 or share=0.", status=400)
     services.conversation_share(conversation=conversation, shared=share)
     if request.htmx:
-        return HttpResponse(fragments.settings_panel(conversation, request=request))
+        return _settings_panel(request, conversation)
     if share:
         messages.success(request, "Shared: your team can read this chat (not change it).")
     else:
@@ -155,10 +161,10 @@ def conversation_new(request: HtmxHttpRequest) -> HttpResponse:
 def conversation_detail(request: HtmxHttpRequest, conversation_id: int) -> HttpResponse:
     conversation, shown = _viewable(request, conversation_id)
     if shown != "own":
-        context = fragments.review_context(conversation, viewer=request.user)
+        context = display.review_context(conversation, viewer=request.user)
         context["shared_view"] = shown == "shared"
     else:
-        context = fragments.page_context(conversation)
+        context = display.page_context(conversation)
     return render(request, "chat/conversation.html", context)
 
 
@@ -267,7 +273,7 @@ def conversation_settings(request: HtmxHttpRequest, conversation_id: int) -> Htt
     except services.ConversationRefused as refused:
         return HttpResponse(str(refused), status=400, content_type="text/plain; charset=utf-8")
     if request.htmx:
-        return HttpResponse(fragments.settings_panel(conversation, request=request))
+        return _settings_panel(request, conversation)
     return redirect(conversation)
 
 
@@ -278,7 +284,7 @@ def python_restart(request: HtmxHttpRequest, conversation_id: int) -> HttpRespon
     conversation = _owned(request, conversation_id)
     services.python_sessions_reset(conversation_id=conversation.pk)
     if request.htmx:
-        return HttpResponse(fragments.settings_panel(conversation, request=request, restarted=True))
+        return _settings_panel(request, conversation, restarted=True)
     messages.success(request, "Python restarted: the next python call starts afresh.")
     return redirect(conversation)
 
@@ -290,7 +296,7 @@ def rule_revoke(request: HtmxHttpRequest, conversation_id: int, rule_id: int) ->
     if not conversation_rule_revoke(conversation=conversation, rule_id=rule_id, user=request.user):
         return HttpResponse("No such rule.", status=404)
     if request.htmx:
-        return HttpResponse(fragments.settings_panel(conversation, request=request))
+        return _settings_panel(request, conversation)
     return redirect(conversation)
 
 
@@ -312,7 +318,9 @@ def workspace_upload(request: HtmxHttpRequest, conversation_id: int) -> HttpResp
         # Files sent with a message (studio.js): their names as saved, for the message.
         return JsonResponse({"saved": [f.name for f in saved]})
     if request.htmx:
-        return HttpResponse(fragments.files_panel(conversation, request=request, saved=saved))
+        return HttpResponse(
+            fragments.files_panel(display.files_context(conversation), request=request, saved=saved)
+        )
     messages.success(request, "Uploaded " + ", ".join(f.name for f in saved) + ".")
     return redirect(conversation)
 

@@ -12,7 +12,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from chat import render
+from chat import display, render
 from chat.models import Conversation, Run
 from chat.runs.driver import drive
 from chat.runs.local import local_runs
@@ -127,7 +127,8 @@ def _launch(
         # Every tab redraws the chat with the old branch folded (and the edited
         # message) before the run's first fragment, which goes the same way.
         conversation = run.conversation
-        for frame in render.transcript_frames(conversation):
+        items = display.transcript_items(conversation)
+        for frame in render.transcript_frames(conversation, items):
             rt.outbox.group(conversation.group_name, {"type": "chat.fragment", "html": frame})
         first = None
     rt.agent_pool.submit(drive, rt, run_id, launched=(run, first))

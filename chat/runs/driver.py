@@ -14,7 +14,7 @@ import logging
 from django.db import close_old_connections, transaction
 
 from approvals.services.waiting import approval_cancel_run
-from chat import events, render
+from chat import display, events, render
 from chat.agent import Agent
 from chat.display import MessageView
 from chat.llm import get_model
@@ -150,7 +150,8 @@ class Stepper:
         conversation = self.run.conversation
         publisher = self.publisher = Publisher(conversation, self.run)
         if self.start is Start.HANDED_OVER:
-            *earlier, last = render.transcript_frames(conversation)
+            items = display.transcript_items(conversation)
+            *earlier, last = render.transcript_frames(conversation, items)
             for frame in earlier:  # a long chat: each part a message of its own
                 publisher.send(frame)
                 publisher.flush()
@@ -268,6 +269,8 @@ class Stepper:
         """The MCP tools this step found for the first time join the panel; the
         files its tools made, or removed, show in the workspace's list."""
         if self.agent is not None and self.agent.toolbox.learned:
-            self.publisher.send(render.settings_panel(self.agent.conversation, oob=True))
+            panel = display.settings_context(self.agent.conversation)
+            self.publisher.send(render.settings_panel(panel, oob=True))
         elif self.agent is not None and self.agent.ran_tools:
-            self.publisher.send(render.files_panel(self.agent.conversation, oob=True))
+            files = display.files_context(self.agent.conversation)
+            self.publisher.send(render.files_panel(files, oob=True))

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from chat import render
+from chat import display, render
 from chat.models import Message
 from tests.factories import make_conversation
 from tests.helpers.clients import Tab, session_cookie
@@ -33,7 +33,8 @@ def test_a_transcript_over_a_mebibyte_still_catches_the_tab_up(server, alice):
         Message.objects.create(
             conversation=conversation, role="assistant", content=f"reply-{n} " + "words " * 1300
         )
-    assert sum(len(frame.encode()) for frame in render.transcript_frames(conversation)) > 1 << 20
+    frames = render.transcript_frames(conversation, display.transcript_items(conversation))
+    assert sum(len(frame.encode()) for frame in frames) > 1 << 20
 
     tab = Tab(server.ws_url, conversation.pk, session_cookie(alice), origin=server.url)
     try:

@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolRule
+from chat import display
 from chat.models import Conversation, Message, Run
 from chat.render import waiting_markers
 from chat.services import (
@@ -104,13 +105,13 @@ def test_a_chat_with_a_waiting_call_carries_a_marker_and_its_update(alice, bob):
     listed = {c.pk: c.waiting for c in conversation_list(owner=alice)}
     assert listed == {waiting.pk: True, calm.pk: False}
     # A live update names only the chats the changed calls belong to.
-    html = waiting_markers(alice, approval_ids=[approval.approval_id])
+    html = waiting_markers(display.waiting(alice, approval_ids=[approval.approval_id]))
     assert f'id="waiting-{waiting.pk}"' in html and f"waiting-{calm.pk}" not in html
     assert "hidden" not in html and 'hx-swap-oob="true"' in html
     ToolApproval.objects.filter(pk=approval.pk).update(status=ToolApproval.Status.DENIED)
-    assert "hidden" in waiting_markers(alice, approval_ids=[approval.approval_id])
+    assert "hidden" in waiting_markers(display.waiting(alice, approval_ids=[approval.approval_id]))
     # Nobody learns of another member's chats this way.
-    assert waiting_markers(bob, approval_ids=[approval.approval_id]) == ""
+    assert waiting_markers(display.waiting(bob, approval_ids=[approval.approval_id])) == ""
 
 
 # -- rename and archive ---------------------------------------------------------------
