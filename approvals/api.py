@@ -178,7 +178,7 @@ class ApprovalWait(AsyncHttpConsumer):
 
     It waits on the event loop, holding no thread and no database
     connection: it listens to the token's conversation group, where every
-    change of a card is told (``approvals.services.decisions.card_broadcast``),
+    change of a card is told (``approvals.notify.CardChanged``),
     and reads the row again when its own id goes by, or every POLL_SECONDS.
     """
 

@@ -47,8 +47,7 @@ from mozilla_django_oidc.views import (
 )
 
 from approvals.models import REVIEW_PERMISSION, ProviderIdentity
-from approvals.notify import member_group
-from studio.runtime import runtime
+from approvals.notify import RolesChanged, tell
 
 logger = logging.getLogger("studio.signin")
 
@@ -346,8 +345,7 @@ class ProviderBackend(OIDCAuthenticationBackend):
 def member_roles_changed(user_id: int) -> None:
     """After commit, every open socket of the member reconnects, joining the
     groups its roles give now (a reviewer no more leaves the reviewers')."""
-    message = {"type": "roles.changed"}
-    runtime().outbox.group_on_commit(member_group(user_id), message)
+    tell(RolesChanged(user_id))
 
 
 def roles_follow(user, groups: set[str]) -> bool:

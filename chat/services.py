@@ -17,7 +17,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolRule, can_review
-from approvals.notify import member_group
+from approvals.notify import SessionsCheck, tell
 from approvals.services.rules import rule_revoke
 from chat.models import Conversation, LanguageModel, Message, Run
 from chat.tools import builtin_tools
@@ -25,7 +25,6 @@ from chat.tools.images import storage_name
 from chat.tools.sessions import SESSIONS
 from studio import process
 from studio.cancel import CancelToken
-from studio.runtime import runtime
 from studio.sessions import session_digest
 
 logger = logging.getLogger(__name__)
@@ -43,8 +42,7 @@ class RunBusy(Exception):
 
 def member_sessions_recheck(*, user_id: int, ended_session: str | None = None) -> None:
     """After commit, make every open socket of the member re-check its session."""
-    message = {"type": "session.check", "ended": session_digest(ended_session)}
-    runtime().outbox.group_on_commit(member_group(user_id), message)
+    tell(SessionsCheck(user_id, session_digest(ended_session)))
 
 
 def conversation_start(*, owner, title: str = "New chat") -> Conversation:

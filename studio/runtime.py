@@ -32,7 +32,7 @@ from asgiref.sync import sync_to_async
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -197,11 +197,6 @@ class Outbox:
         self._put(("group", group, message, done))
         with contextlib.suppress(Exception):
             done.result(timeout=10)
-
-    def group_on_commit(self, group: str, message: dict) -> None:
-        """Send to a group once the current transaction commits (at once outside one):
-        a tab never hears of a row that a rollback took back, nor before it can read it."""
-        transaction.on_commit(lambda: self.group(group, message))
 
     def channel(self, channel: str, message: dict) -> None:
         if channel:

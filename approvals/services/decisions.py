@@ -5,8 +5,8 @@
   a call run reads the rules again first (``approvals.services.rules``), on
   the arguments that would run;
 * ``approvals_decide`` is one decision for several calls, first wins per row;
-* ``card_render`` draws a call's card, the same for the page, the socket and
-  the decision's answer; ``card_broadcast`` sends it to every tab.
+* ``card_changed`` tells every tab of a card that changed
+  (``approvals.notify``, which draws it).
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
-from django.template.loader import render_to_string
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 
 from approvals.callbacks import callbacks_nudge
 from approvals.models import ToolApproval, ToolRule, arguments_hash, can_review
-from approvals.notify import REVIEWERS_GROUP, member_group
+from approvals.notify import CardChanged, card, tell
 from approvals.services.rules import (
     Verdict,
     approval_verdict,
@@ -36,7 +35,6 @@ from approvals.services.rules import (
 from approvals.signals import calls_settled
 from studio.logs import log_context
 from studio.metrics import DECISION_SECONDS
-from studio.runtime import runtime
 from studio.shell import Reading
 from studio.text import strip_nul, strip_nul_json
 
@@ -102,7 +100,7 @@ class DecideResult:
     @property
     def card_html(self) -> str:
         if self._card_html is None:
-            self._card_html = card_render(self.approval)
+            self._card_html = card(self.approval)
         return self._card_html
 
 
@@ -137,18 +135,6 @@ def _to_decide(approval_id: str, user) -> ToolApproval:
     """The row a decision checks before its conditional update, if ``user`` may see it."""
     _check_asker(approval_id, user)
     return _visible(ToolApproval.objects.by_approval_id(approval_id), approval_id, user)
-
-
-def card_render(approval: ToolApproval, viewer=None) -> str:
-    """The card as ``viewer`` sees it (None: the conversation's owner, as in the chat)."""
-    return render_to_string(
-        "approvals/_card.html",
-        {
-            "approval": approval,
-            "viewer": viewer,
-            "note_max_length": settings.STUDIO_NOTE_MAX_LENGTH,
-        },
-    )
 
 
 # --- deciding -----------------------------------------------------------------
@@ -328,7 +314,7 @@ def _to_review(approval: ToolApproval, verdict: Verdict, changes: dict) -> Decid
     for name, value in values.items():
         setattr(approval, name, value)
     result = DecideResult(resolved=False, approval=approval, review=True)
-    transaction.on_commit(lambda: card_broadcast(approval, card_render(approval)))
+    card_changed(approval)
     return result
 
 
@@ -447,7 +433,7 @@ def _decided(result: DecideResult) -> None:
     with log_context(approval_id=approval.approval_id, conversation_id=approval.conversation_id):
         logger.info("%s call %s (%s) by %s", approval.tool_name, outcome, approval.reason,
                     approval.decided_by_id)  # fmt: skip
-    card_broadcast(approval, result.card_html)
+    card_changed(approval, result.card_html)
     _let_its_run_go_on(approval)
 
 
@@ -456,35 +442,9 @@ def _let_its_run_go_on(approval: ToolApproval) -> None:
         calls_settled.send(sender=ToolApproval, run_ids={approval.run_id})
 
 
-def card_broadcast(approval: ToolApproval, html: str) -> None:
-    runtime().outbox.group(approval.conversation.group_name, _card_message(approval, html))
-    inbox_broadcast(approval)
+def card_changed(approval: ToolApproval, html: str = "") -> None:
+    """Every tab's card changes (``html``: the card, if already drawn) once this
+    commits; an API call's agent that asked to hear of its decision is called back."""
+    tell(CardChanged(approval, html))
     if approval.callback_url and not approval.is_pending:
-        callbacks_nudge()  # an API call's agent asked to hear of it
-
-
-def _card_message(approval: ToolApproval, html: str) -> dict:
-    return {
-        "type": "approval.changed",
-        "approval_id": approval.approval_id,
-        "status": approval.status,
-        "reason": approval.reason,
-        "html": html,
-    }
-
-
-def inbox_broadcast(approval: ToolApproval) -> None:
-    """Tell the inboxes (and header counts) of whoever may decide it that it came or went.
-
-    Ids only: each socket renders the card for its own member. Sent once the
-    transaction that changed the row commits.
-    """
-    message = {
-        "type": "inbox.changed",
-        "approval_id": approval.approval_id,
-        "pending": approval.is_pending,
-    }
-    outbox = runtime().outbox
-    outbox.group_on_commit(member_group(approval.conversation.owner_id), message)
-    if approval.needs_review:
-        outbox.group_on_commit(REVIEWERS_GROUP, message)
+        transaction.on_commit(callbacks_nudge)

@@ -16,14 +16,12 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db.models import F
-from django.template.loader import render_to_string
 from django.utils import timezone
 
 from approvals.models import ToolApproval, ToolRule
-from approvals.notify import member_group
+from approvals.notify import RuleUsed, tell
 from approvals.patterns import glob_escape, glob_match
 from studio.metrics import RULE_HITS
-from studio.runtime import runtime
 from studio.shell import Reading, read_arguments
 
 Action = ToolRule.Action
@@ -147,21 +145,19 @@ def rule_hit(rule: ToolRule | None) -> None:
     if rule is not None and rule.pk is not None:
         ToolRule.objects.filter(pk=rule.pk).update(hits=F("hits") + 1, last_hit_at=timezone.now())
         if rule.scope in (Scope.MEMBER, Scope.CONVERSATION):
-            _hits_broadcast(rule)
+            _hits_told(rule)
 
 
-def _hits_broadcast(rule: ToolRule) -> None:
+def _hits_told(rule: ToolRule) -> None:
     """A member's own rule: its "used N×" changes in each of their tabs that shows it."""
-    hit = ToolRule.objects.select_related("conversation").filter(pk=rule.pk).first()
-    owner = hit and (hit.member_id or (hit.conversation and hit.conversation.owner_id))
-    if not owner:
-        return
-    message = {
-        "type": "rule.hit",
-        "conversation_id": hit.conversation_id or 0,
-        "html": render_to_string("approvals/_rule_hits.html", {"rule": hit, "oob": True}),
-    }
-    runtime().outbox.group_on_commit(member_group(owner), message)
+    hit = (
+        ToolRule.objects.filter(pk=rule.pk)
+        .values("hits", "member_id", "conversation_id", "conversation__owner_id")
+        .first()
+    )
+    owner = hit and (hit["member_id"] or hit["conversation__owner_id"])
+    if owner:
+        tell(RuleUsed(rule.pk, hit["hits"], owner, hit["conversation_id"]))
 
 
 def _verdict(

@@ -24,7 +24,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import OUTPUT_SUMMARY_BYTES, ToolApproval, arguments_hash
-from approvals.services.decisions import card_broadcast, card_render, inbox_broadcast
+from approvals.notify import CallAsked, tell
+from approvals.services.decisions import card_changed
 from approvals.services.rules import Action, Verdict
 from approvals.signals import calls_settled
 from studio.text import strip_nul
@@ -77,7 +78,7 @@ def approval_request(
         **(extra or {}),
     )
     # Once committed: an inbox that hears of it must find the row.
-    inbox_broadcast(approval)
+    tell(CallAsked(approval))
     return approval
 
 
@@ -192,11 +193,10 @@ def approvals_end(*, pending, reason: str) -> list[ToolApproval]:
             "conversation"
         )
     )
-    cards = [(approval, card_render(approval)) for approval in ended]
+    for approval in ended:
+        card_changed(approval)
 
     def after_commit() -> None:
-        for approval, html in cards:
-            card_broadcast(approval, html)
         run_ids = {approval.run_id for approval in ended if approval.run_id}
         if run_ids:
             calls_settled.send(sender=ToolApproval, run_ids=run_ids)

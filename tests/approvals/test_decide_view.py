@@ -104,13 +104,13 @@ def test_htmx_gets_the_card_partial(alice_client, approval):
 def test_htmx_answer_and_the_other_tabs_share_one_drawing_of_the_card(
     alice_client, approval, monkeypatch
 ):
+    from approvals import notify
     from approvals.services import decisions as services
 
     drawn = []
-    card_render = services.card_render
-    monkeypatch.setattr(
-        services, "card_render", lambda a, v=None: drawn.append(a) or card_render(a, v)
-    )
+    card = notify.card
+    monkeypatch.setattr(notify, "card", lambda a, v=None: drawn.append(a) or card(a, v))
+    monkeypatch.setattr(services, "card", notify.card)
 
     response = alice_client.post(
         url(approval.approval_id), {"decision": "allow"}, HTTP_HX_REQUEST="true"

@@ -342,7 +342,7 @@ def test_always_allow_offers_the_narrowest_choice_first_and_selected(
     """Issue 37: "Always allow…" pre-selected the whole tool, even for rm -rf build."""
     import re
 
-    from approvals.services.decisions import card_render
+    from approvals.notify import card as card_render
 
     html = card_render(command_card(conversation, command))
     offered = re.findall(r'<input type="radio" name="pattern" value="([^"]*)"( checked)?', html)
@@ -381,7 +381,7 @@ def test_a_deny_holds_against_builtins_that_run_their_words(alice, line, root_sa
 def test_always_allow_no_longer_offers_printf_and_refuses_its_pattern(conversation, alice):
     """Issue 52: the card offered "commands starting with printf", and then
     ``printf -v 'a[$(touch PWNED)]' %s x`` ran with no card."""
-    from approvals.services.decisions import card_render
+    from approvals.notify import card as card_render
 
     row = command_card(conversation, "printf '%s\\n' hi")
     html = card_render(row)
@@ -403,7 +403,7 @@ def test_a_program_that_runs_others_gets_no_prefix_on_its_card(
     """Issue 52: a card offered "commands starting with git status"."""
     import re
 
-    from approvals.services.decisions import card_render
+    from approvals.notify import card as card_render
 
     html = card_render(command_card(conversation, command))
     offered = re.findall(r'<input type="radio" name="pattern" value="([^"]*)"', html)
@@ -412,7 +412,7 @@ def test_a_program_that_runs_others_gets_no_prefix_on_its_card(
 
 
 def test_a_pending_card_says_the_sandbox_has_no_network(conversation, reviewer):
-    from approvals.services.decisions import card_render
+    from approvals.notify import card as card_render
 
     html = card_render(command_card(conversation, "curl -sO https://example.com/data.csv"))
     assert "Tools run without a network: curl needs the network" in html

@@ -336,7 +336,7 @@ def test_a_pending_approval_records_its_subject_and_schema(conversation):
 def test_a_call_that_ran_with_edits_shows_what_ran_first(conversation, alice):
     """Issue 55: the card showed the model's code under CODE and the edit below
     as "ran with edits", and the output began with a line meant for the model."""
-    from approvals.services.decisions import card_render
+    from approvals.notify import card as card_render
     from chat.display import MessageView
 
     row = make_approval(conversation, arguments={"code": "print('model')"})

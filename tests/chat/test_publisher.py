@@ -8,6 +8,7 @@ process's real channel layer) receives what a tab would.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -48,13 +49,14 @@ async def tab(rt):
     channel = await layer.new_channel()
     await layer.group_add(conversation.group_name, channel)
     publisher = await rt.off_loop(Publisher, conversation, run)
-    return Tab(rt, layer, channel, publisher, conversation.group_name)
+    return Tab(rt, layer, channel, publisher, conversation)
 
 
 class Tab:
-    def __init__(self, rt, layer, channel, publisher, group) -> None:
+    def __init__(self, rt, layer, channel, publisher, conversation) -> None:
         self.rt, self.layer, self.channel = rt, layer, channel
-        self.publisher, self.group = publisher, group
+        self.publisher, self.conversation = publisher, conversation
+        self.group = conversation.group_name
 
     async def next(self) -> str:
         return (await asyncio.wait_for(self.layer.receive(self.channel), BOUND))["html"]
@@ -96,21 +98,35 @@ async def test_fragments_leave_in_the_order_they_were_flushed(tab):
     await tab.nothing_more()
 
 
-async def test_a_group_event_on_commit_goes_with_the_commit_and_dies_with_a_rollback(tab):
+async def test_what_a_service_tells_goes_with_the_commit_and_dies_with_a_rollback(tab):
     from django.db import transaction
+
+    from approvals.notify import CardChanged, tell
+
+    approval = await sync_to_async(make_approval)(tab.conversation)
 
     def rolled_back():
         with pytest.raises(RuntimeError), transaction.atomic():
-            tab.rt.outbox.group_on_commit(tab.group, {"type": "chat.fragment", "html": "<no>"})
+            tell(CardChanged(approval, "<no>"))
             raise RuntimeError
+
+    told, commit = threading.Event(), threading.Event()
 
     def committed():
         with transaction.atomic():
-            tab.rt.outbox.group_on_commit(tab.group, {"type": "chat.fragment", "html": "<yes>"})
+            tell(CardChanged(approval, "<yes>"))
+            told.set()
+            assert commit.wait(BOUND)
 
     await tab.step(rolled_back)
     await tab.nothing_more()
-    await tab.step(committed)
+    committing = asyncio.ensure_future(tab.step(committed))
+    async with asyncio.timeout(BOUND):
+        while not told.is_set():
+            await asyncio.sleep(0.01)
+    await tab.nothing_more()  # told, not yet committed
+    commit.set()
+    await committing
     assert await tab.next() == "<yes>"
     await tab.nothing_more()
 

@@ -286,7 +286,8 @@ def test_a_fresh_interpreter_runs_exactly_the_approved_code(chat):
 @pytest.mark.django_db(transaction=True)
 def test_the_card_says_what_shaped_the_session_and_the_row_where_it_ran(chat, alice):
     from approvals.models import ToolApproval
-    from approvals.services.decisions import approval_decide, card_render
+    from approvals.notify import card as card_render
+    from approvals.services.decisions import approval_decide
     from chat.events import ToolFinished, ToolStarted
     from tests.helpers.driver import AgentDriver
     from tests.helpers.scripted import call
