@@ -16,7 +16,9 @@ FLUSH_SECONDS = 0.05
 
 
 class Publisher:
-    """Renders a run's events into fragments for the conversation's group.
+    """Renders a run's events, and what its driver tells as a step begins and
+    ends, into fragments for the conversation's group: a step draws nothing
+    itself.
 
     Fragments are gathered and sent as one channel message at the points
     where the run is about to wait (a status line before a tool or the model
@@ -75,6 +77,56 @@ class Publisher:
         self.last_flush = time.monotonic()
         self.outbox.group(self.group, {"type": "chat.fragment", "html": html}, wait=self.urgent)
         self.urgent = False
+
+    # -- what the driver tells, as a step begins and ends -------------------------------
+
+    def redrawn(self, conversation: Conversation, items: list) -> None:
+        """The chat redrawn (a run handed over before its first step: the tabs lack
+        its message or its fork), with its title."""
+        *earlier, last = render.transcript_frames(conversation, items)
+        for frame in earlier:  # a long chat: each part a message of its own
+            self.send(frame)
+            self.flush()
+        self.send(last + render.title(conversation.title))
+
+    def asked(self, first: MessageView, title: str) -> None:
+        """The member's message that launched the run; it names the conversation,
+        and every open tab shows the name."""
+        self.send(render.appended(render.message(first)) + render.title(title))
+
+    def notice(self, text: str) -> None:
+        self.send(render.notice(text, level="info"))
+
+    def running(self) -> None:
+        """The run controls offer Stop: sent at once, before any slow work."""
+        self.send(render.run_controls(running=True, conversation_id=self.conversation_id))
+        self.flush()
+
+    def ended(self, *, failed: bool) -> None:
+        """No status line; Retry after an error, else Regenerate (sent with what follows)."""
+        self.send(render.run_status(""))
+        self.send(
+            render.run_controls(
+                running=False,
+                conversation_id=self.conversation_id,
+                retry=failed,
+                regenerate=not failed,
+            )
+        )
+
+    def titled(self, title: str) -> None:
+        self.send(render.title(title))
+        self.flush()
+
+    def settings(self, context: dict) -> None:
+        """The settings panel (``chat.display.settings_context``): new MCP tools."""
+        self.send(render.settings_panel(context, oob=True))
+
+    def files(self, context: dict) -> None:
+        """The workspace's files (``chat.display.files_context``): what tools made."""
+        self.send(render.files_panel(context, oob=True))
+
+    # -- a step's events -----------------------------------------------------------------
 
     def live_output(self, message_id: int, call_id: str, text: str) -> None:
         """A running call's latest output, on its card (from the call's own thread,

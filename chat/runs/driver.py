@@ -14,7 +14,7 @@ import logging
 from django.db import close_old_connections, transaction
 
 from approvals.services.waiting import approval_cancel_run
-from chat import display, events, render
+from chat import display, events
 from chat.agent import Agent
 from chat.display import MessageView
 from chat.llm import get_model
@@ -150,21 +150,13 @@ class Stepper:
         conversation = self.run.conversation
         publisher = self.publisher = Publisher(conversation, self.run)
         if self.start is Start.HANDED_OVER:
-            items = display.transcript_items(conversation)
-            *earlier, last = render.transcript_frames(conversation, items)
-            for frame in earlier:  # a long chat: each part a message of its own
-                publisher.send(frame)
-                publisher.flush()
-            publisher.send(last + render.title(conversation.title))
+            publisher.redrawn(conversation, display.transcript_items(conversation))
         elif self.start is Start.LAUNCHED and self.first is not None:
-            publisher.send(render.appended(render.message(MessageView.of(self.first))))
-            # The first message names the conversation; every open tab shows it.
-            publisher.send(render.title(conversation.title))
+            publisher.asked(MessageView.of(self.first), conversation.title)
         elif self.start is Start.TAKEN_OVER:
-            publisher.send(render.notice(RESUMED_TEXT, level="info"))
+            publisher.notice(RESUMED_TEXT)
         if self.start is not Start.CONTINUED:
-            publisher.send(render.run_controls(running=True, conversation_id=conversation.pk))
-            publisher.flush()
+            publisher.running()
         try:
             agent = self.agent = Agent(
                 conversation=conversation,
@@ -220,7 +212,7 @@ class Stepper:
         except Exception:
             logger.exception("could not record the failure of run %s", self.local.run_id)
             return
-        self.publisher.send(render.appended(render.message(MessageView.of(message))))
+        self.publisher.event(events.Failed(message.pk, message.content, message.created_at))
         self.publisher.flush()
 
     @property
@@ -237,15 +229,7 @@ class Stepper:
             error=self.error,
         ):
             return  # another claim holds the run now: its step tells the tabs
-        self.publisher.send(render.run_status(""))
-        self.publisher.send(
-            render.run_controls(
-                running=False,
-                conversation_id=self.local.conversation_id,
-                retry=self.status == Run.Status.ERROR,
-                regenerate=self.status != Run.Status.ERROR,
-            )
-        )
+        self.publisher.ended(failed=self.status == Run.Status.ERROR)
         self._learned()
         self.publisher.flush()
         if self.status == Run.Status.DONE and self.agent is not None:
@@ -262,15 +246,12 @@ class Stepper:
             logger.warning("run %s: no title from the model", self.local.run_id, exc_info=True)
             return
         if title:
-            self.publisher.send(render.title(title))
-            self.publisher.flush()
+            self.publisher.titled(title)
 
     def _learned(self) -> None:
         """The MCP tools this step found for the first time join the panel; the
         files its tools made, or removed, show in the workspace's list."""
         if self.agent is not None and self.agent.toolbox.learned:
-            panel = display.settings_context(self.agent.conversation)
-            self.publisher.send(render.settings_panel(panel, oob=True))
+            self.publisher.settings(display.settings_context(self.agent.conversation))
         elif self.agent is not None and self.agent.ran_tools:
-            files = display.files_context(self.agent.conversation)
-            self.publisher.send(render.files_panel(files, oob=True))
+            self.publisher.files(display.files_context(self.agent.conversation))
