@@ -11,6 +11,7 @@ from django.db.models import Q
 from django.template.loader import render_to_string
 
 from approvals.models import InboxPreference, ToolApproval, can_review
+from studio.db import one_or_none
 
 
 def _waiting_for(user_pk: int, *, reviewer: bool, own_reviews: bool = True):
@@ -121,10 +122,8 @@ def inbox_change(user, *, approval_id: str, pending: bool) -> str:
     html = count_badge(inbox_count(user))
     if not pending:
         # In its place, for a moment: what became of it (studio.js removes it).
-        approval = (
-            ToolApproval.objects.select_related("decided_by")
-            .filter(approval_id=approval_id)
-            .first()
+        approval = one_or_none(
+            ToolApproval.objects.select_related("decided_by").filter(approval_id=approval_id)
         )
         html += render_to_string(
             "approvals/_inbox_decided.html", {"approval": approval, "approval_id": approval_id}
@@ -132,7 +131,7 @@ def inbox_change(user, *, approval_id: str, pending: bool) -> str:
         if approval is not None and approval.decided_by_id == user.pk:
             html += decided_by_me(user)  # from this page, another tab or the chat
         return html
-    approval = inbox_queryset(user).filter(approval_id=approval_id).first()
+    approval = one_or_none(inbox_queryset(user).filter(approval_id=approval_id))
     if approval is None:
         return html  # decided already, or not this member's to see
     context = entry_context(approval, user)

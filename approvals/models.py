@@ -11,6 +11,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.patterns import glob_match
+from studio.db import one_or_none
 from studio.text import canonical_json
 
 
@@ -86,7 +87,7 @@ class ApprovalQuerySet(models.QuerySet):
 class ApprovalManager(models.Manager.from_queryset(ApprovalQuerySet)):
     def by_approval_id(self, approval_id: str) -> ToolApproval | None:
         """The row with its conversation, or None: every decision's and wake's first read."""
-        return self.select_related("conversation").filter(approval_id=approval_id).first()
+        return one_or_none(self.select_related("conversation").filter(approval_id=approval_id))
 
 
 class ToolApproval(models.Model):

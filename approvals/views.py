@@ -25,6 +25,7 @@ from approvals.services.decisions import (
     approval_decide,
     approvals_decide,
 )
+from studio.db import one_or_none
 from studio.http import HtmxHttpRequest, client_ip, wants_json
 from studio.logs import log_context
 
@@ -197,7 +198,7 @@ def api_token_create(request: HtmxHttpRequest) -> HttpResponse:
 @require_POST
 @login_required
 def api_token_revoke(request: HtmxHttpRequest, token_id: int) -> HttpResponse:
-    token = ApiToken.objects.filter(pk=token_id, user=request.user).first()
+    token = one_or_none(ApiToken.objects.filter(pk=token_id, user=request.user))
     if token is None:
         raise Http404("No API token of yours has this id.")
     token_revoke(token=token, by=request.user)

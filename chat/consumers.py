@@ -15,6 +15,7 @@ from chat.limits import MAX_FRAME, MAX_MESSAGE
 from chat.models import Conversation, Run
 from chat.runs.commands import run_edit, run_launch, run_regenerate, run_retry, run_stop
 from chat.workspace import attached_note, with_attached
+from studio.db import one_or_none
 from studio.logs import log_context_keep
 from studio.text import strip_nul
 
@@ -40,11 +41,10 @@ def page_drawn_at(query_string: bytes) -> datetime | None:
 def _conversation_for(conversation_id: int, user) -> Conversation | None:
     """The member's conversation, with whether a run of it is going (``running``)."""
     running = Run.objects.running().filter(conversation=OuterRef("pk"))
-    return (
+    return one_or_none(
         Conversation.objects.owned_by(user)
         .filter(pk=conversation_id)
         .annotate(running=Exists(running))
-        .first()
     )
 
 

@@ -25,6 +25,7 @@ from chat.tools.images import storage_name
 from chat.tools.sessions import SESSIONS
 from studio import process
 from studio.cancel import CancelToken
+from studio.db import one_or_none
 from studio.sessions import session_digest
 
 logger = logging.getLogger(__name__)
@@ -142,12 +143,11 @@ def conversation_share(*, conversation: Conversation, shared: bool) -> Conversat
 
 def conversation_shared_with(*, conversation_id: int, user) -> Conversation | None:
     """Another member's chat they share with the team, for ``user`` to read."""
-    return (
+    return one_or_none(
         Conversation.objects.shared()
         .exclude(owner=user)
         .select_related("owner")
         .filter(pk=conversation_id)
-        .first()
     )
 
 
@@ -287,19 +287,18 @@ def conversation_under_review(*, conversation_id: int, user) -> Conversation | N
     )
     if not waiting.exists():
         return None
-    return Conversation.objects.select_related("owner").filter(pk=conversation_id).first()
+    return one_or_none(Conversation.objects.select_related("owner").filter(pk=conversation_id))
 
 
 def conversation_rule_revoke(*, conversation: Conversation, rule_id: int, user) -> bool:
     """Revoke one of the member's own rules shown in this conversation's panel."""
-    rule = (
+    rule = one_or_none(
         ToolRule.objects.active()
         .filter(pk=rule_id)
         .filter(
             Q(scope=ToolRule.Scope.CONVERSATION, conversation=conversation)
             | Q(scope=ToolRule.Scope.MEMBER, member=user)
         )
-        .first()
     )
     if rule is None or conversation.owner_id != user.pk:
         return False
@@ -407,10 +406,10 @@ def python_session_current(workspace: Path, started_at: datetime) -> bool:
     match = re.fullmatch(r"conversation-(\d+)", workspace.name)
     if match is None:
         return True  # not a conversation's workspace (a bare one in tests)
-    reset = (
-        Conversation.objects.filter(pk=int(match.group(1)))
-        .values_list("python_reset_at", flat=True)
-        .first()
+    reset = one_or_none(
+        Conversation.objects.filter(pk=int(match.group(1))).values_list(
+            "python_reset_at", flat=True
+        )
     )
     return reset is None or reset < started_at
 

@@ -20,6 +20,7 @@ from chat.services import (
     conversation_start,
     conversation_under_review,
 )
+from studio.db import one_or_none
 from studio.http import HtmxHttpRequest, wants_json
 from studio.text import strip_nul
 
@@ -32,7 +33,9 @@ def _viewable(request: HtmxHttpRequest, conversation_id: int) -> tuple[Conversat
     """The conversation and how it is shown: "own" (its owner's), or read-only
     as "review" (a reviewer's, while one of its calls waits for a reviewer) or
     "shared" (a teammate's, while its owner shares it). Else 404."""
-    conversation = Conversation.objects.owned_by(request.user).filter(pk=conversation_id).first()
+    conversation = one_or_none(
+        Conversation.objects.owned_by(request.user).filter(pk=conversation_id)
+    )
     if conversation is not None:
         return conversation, "own"
     conversation = conversation_under_review(conversation_id=conversation_id, user=request.user)

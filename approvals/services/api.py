@@ -33,6 +33,7 @@ from approvals.services.waiting import (
     approval_record_output,
     approval_request,
 )
+from studio.db import one_or_none
 from studio.net import DEFAULT_PORTS, allowed_endpoints, host_refusal
 from studio.text import canonical_json, strip_nul, strip_nul_json
 
@@ -107,7 +108,9 @@ def token_authenticate(authorization: str) -> ApiToken | None:
     if match is None:
         return None
     lookup, secret = match.groups()
-    token = ApiToken.objects.select_related("user", "conversation").filter(lookup=lookup).first()
+    token = one_or_none(
+        ApiToken.objects.select_related("user", "conversation").filter(lookup=lookup)
+    )
     # Compared in constant time, and a hash is compared even for an unknown lookup.
     expected = token.secret_sha256 if token is not None else "0" * 64
     if not hmac.compare_digest(expected, ApiToken.secret_hash(secret)) or token is None:
@@ -302,10 +305,10 @@ def approval_ask(*, token: ApiToken, body: object) -> Asked:
 
 
 def _by_key(token: ApiToken, key: str) -> ToolApproval | None:
-    return (
-        ToolApproval.objects.select_related("conversation", "decided_by", "api_token")
-        .filter(api_token=token, idempotency_key=key)
-        .first()
+    return one_or_none(
+        ToolApproval.objects.select_related("conversation", "decided_by", "api_token").filter(
+            api_token=token, idempotency_key=key
+        )
     )
 
 
@@ -324,10 +327,10 @@ def approval_for_token(*, token: ApiToken, approval_id: str) -> ToolApproval | N
     """The row, if this token asked for it (any other id: None, as if unknown)."""
     if not approval_id or len(approval_id) > 64:
         return None
-    return (
-        ToolApproval.objects.select_related("conversation", "decided_by", "api_token")
-        .filter(approval_id=approval_id, api_token=token)
-        .first()
+    return one_or_none(
+        ToolApproval.objects.select_related("conversation", "decided_by", "api_token").filter(
+            approval_id=approval_id, api_token=token
+        )
     )
 
 

@@ -21,6 +21,7 @@ from django.utils import timezone
 from approvals.models import ToolApproval, ToolRule
 from approvals.notify import RuleUsed, tell
 from approvals.patterns import glob_escape, glob_match
+from studio.db import one_or_none
 from studio.metrics import RULE_HITS
 from studio.shell import Reading, read_arguments
 
@@ -111,8 +112,9 @@ def policy_rules() -> list[ToolRule]:
 def rules_for(conversation) -> list[ToolRule]:
     """Every rule that applies in ``conversation``, the most specific first."""
     order = {Scope.CONVERSATION: 0, Scope.MEMBER: 1, Scope.EVERYONE: 2}
-    rules = list(ToolRule.objects.applying_in(conversation.owner_id, conversation.pk))
-    rules.sort(key=lambda r: (order[r.scope], -r.created_at.timestamp()))
+    # Sorted here, newest first within a scope: no ORDER BY to compile for every call.
+    rules = list(ToolRule.objects.applying_in(conversation.owner_id, conversation.pk).order_by())
+    rules.sort(key=lambda r: (order[r.scope], -r.created_at.timestamp(), -r.pk))
     return rules + policy_rules()
 
 
@@ -150,10 +152,10 @@ def rule_hit(rule: ToolRule | None) -> None:
 
 def _hits_told(rule: ToolRule) -> None:
     """A member's own rule: its "used N×" changes in each of their tabs that shows it."""
-    hit = (
-        ToolRule.objects.filter(pk=rule.pk)
-        .values("hits", "member_id", "conversation_id", "conversation__owner_id")
-        .first()
+    hit = one_or_none(
+        ToolRule.objects.filter(pk=rule.pk).values(
+            "hits", "member_id", "conversation_id", "conversation__owner_id"
+        )
     )
     owner = hit and (hit["member_id"] or hit["conversation__owner_id"])
     if owner:

@@ -41,6 +41,7 @@ from approvals.services.waiting import approval_cancel_run, approvals_time_out
 from chat.mcp import servers_version
 from chat.models import Run
 from studio import process
+from studio.db import one_or_none
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +69,11 @@ def run_claim(*, run_id: str, owner: str) -> Claim | None:
         uuid.UUID(str(run_id))
     except ValueError:
         return None  # an approval of no run of ours (written by hand, imported)
-    run = (
+    run = one_or_none(
         Run.objects.running()
         .select_related("conversation__model", "started_by")
         .annotate(**servers_version())
         .filter(pk=run_id)
-        .first()
     )
     if run is None:
         return None
@@ -137,11 +137,10 @@ def run_fence(*, run_id: str, owner: str, claim: int) -> bool:
     message fenced by its audit row's update, ``Agent._fenced``), which
     holding the row ``FOR UPDATE`` would deadlock with.
     """
-    stop_requested = (
+    stop_requested = one_or_none(
         run_held(run_id=run_id, owner=owner, claim=claim)
         .select_for_update(no_key=True)
         .values_list("stop_requested", flat=True)
-        .first()
     )
     if stop_requested is None:
         raise Fenced(run_id)

@@ -37,6 +37,11 @@ DECISION_POST = 5
 # The decided run's step to its end (claim, each fenced write, the model's
 # reply, the run's end), on the runtime's threads; BEGIN not counted.
 DECISION_STEP = 10
+# Of those, the reads whose order matters: the run's messages, its turn's
+# approval rows and the transcript. Compiling an ORDER BY costs a small read
+# a third of its CPU (``studio.db.one_or_none``): none where one row is read.
+ORDERED_IN_POST = 0
+ORDERED_IN_STEP = 3
 
 
 class Statements:
@@ -131,3 +136,7 @@ async def test_a_decision_and_its_run_step(statements, rt, conversation, alice, 
     statements.counting = False
     assert len(queries) <= DECISION_POST, "\n".join(q["sql"][:120] for q in queries)
     assert len(statements.sql) <= DECISION_STEP, "\n".join(sql[:120] for sql in statements.sql)
+    ordered_in_post = [q["sql"] for q in queries if "ORDER BY" in q["sql"]]
+    assert len(ordered_in_post) <= ORDERED_IN_POST, ordered_in_post
+    ordered_in_step = [sql for sql in statements.sql if "ORDER BY" in sql]
+    assert len(ordered_in_step) <= ORDERED_IN_STEP, ordered_in_step
