@@ -35,6 +35,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 from django.conf import settings
 from django.db import transaction
@@ -351,10 +352,13 @@ class Agent:
         """
         rows = {}
         if resumed:
+            # Unordered and without a join: each row's conversation is this run's.
             asked_before = ToolApproval.objects.filter(
                 run_id=self.run_id, tool_call_id__in=[c.id for c in calls]
-            ).select_related("conversation")
-            rows = {a.tool_call_id: a for a in asked_before}
+            ).order_by()
+            for approval in sorted(asked_before, key=attrgetter("pk"), reverse=True):
+                approval.conversation = self.conversation
+                rows[approval.tool_call_id] = approval  # the first asked, if ever two
         plans = []
         for call in calls:
             row = rows.get(call.id)

@@ -37,11 +37,11 @@ DECISION_POST = 5
 # The decided run's step to its end (claim, each fenced write, the model's
 # reply, the run's end), on the runtime's threads; BEGIN not counted.
 DECISION_STEP = 10
-# Of those, the reads whose order matters: the run's messages, its turn's
-# approval rows and the transcript. Compiling an ORDER BY costs a small read
-# a third of its CPU (``studio.db.one_or_none``): none where one row is read.
+# Of those, the reads whose order matters: the run's messages and the
+# transcript. Compiling an ORDER BY costs a small read a third of its CPU
+# (``studio.db.one_or_none``): none where one row is read, or order is moot.
 ORDERED_IN_POST = 0
-ORDERED_IN_STEP = 3
+ORDERED_IN_STEP = 2
 
 
 class Statements:
